@@ -1,0 +1,64 @@
+"""The one exception tree of lease_celery.
+
+Every class's docstring is its default message, so ``raise LeaseLost()`` already says what
+happened. Driver errors never escape raw: the store boundary wraps them in ``StoreError``
+(``raise StoreError(...) from exc``) so callers catch one family.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EffectConflict",
+    "EffectOutcomeUnknown",
+    "InvalidKey",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "ResultNotSerializable",
+    "StoreBusy",
+    "StoreError",
+]
+
+
+class LeaseError(Exception):
+    """A lease_celery error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class LeaseLost(LeaseError):
+    """The lease is no longer held by this owner: stop the protected work."""
+
+
+class LeaseHeld(LeaseError):
+    """The lease is held by another live owner."""
+
+
+class InvalidKey(LeaseError, ValueError):
+    """The lease key is not valid."""
+
+
+class ResultNotSerializable(LeaseError, TypeError):
+    """The task result cannot be stored: lease results must be JSON-serializable."""
+
+
+class ConfigError(LeaseError, ValueError):
+    """A lease_celery setting or task option is not valid."""
+
+
+class StoreError(LeaseError):
+    """The lease store failed to complete the operation."""
+
+
+class StoreBusy(StoreError):
+    """The lease store stayed locked by other writers for longer than the busy deadline."""
+
+
+class EffectConflict(LeaseError):
+    """An effect with this key was already recorded with a different payload."""
+
+
+class EffectOutcomeUnknown(LeaseError):
+    """An earlier attempt at this effect may or may not have happened: reconcile it by hand."""

@@ -1,0 +1,98 @@
+"""LeaseHandle: the lease a running task holds, as the task body sees it (``self.lease``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .errors import LeaseLost
+from .models import Lease
+from .stores.base import Store
+
+__all__ = ["LeaseHandle"]
+
+
+class LeaseHandle:
+    """The current lease of one task execution, kept up to date by the heartbeat.
+
+    ``check()`` raises :class:`LeaseLost` once the lease is known lost: a renewal was refused, or
+    no renewal succeeded before the deadline (measured on this process's monotonic clock from the
+    moment the last successful request was *sent*, so it never outlives the store's deadline).
+    """
+
+    def __init__(self, lease: Lease, *, store: Store, ttl: float, heartbeat_interval: float,
+                 sent_at: float, task: Any = None) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.heartbeat_interval = heartbeat_interval
+        self.task = task
+        self._lock = threading.Lock()
+        self._lease = lease
+        self._local_deadline = sent_at + ttl
+        self.next_renewal_at = sent_at + heartbeat_interval
+        self._lost_reason: str | None = None
+        self.closed = False  # set when the task stops heartbeating it (finish, release)
+
+    # -- what the task body reads ---------------------------------------------------------
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    @property
+    def key(self) -> str:
+        return self._lease.key
+
+    @property
+    def owner(self) -> str:
+        return self._lease.owner
+
+    @property
+    def token(self) -> int:
+        return self._lease.token
+
+    @property
+    def expires_at(self) -> float:
+        return self._lease.expires_at
+
+    @property
+    def lost(self) -> bool:
+        return self._lost_reason is not None or time.monotonic() >= self._local_deadline
+
+    @property
+    def lost_reason(self) -> str | None:
+        if self._lost_reason is None and time.monotonic() >= self._local_deadline:
+            return "no renewal succeeded before the lease deadline"
+        return self._lost_reason
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if this execution may no longer hold the lease."""
+        reason = self.lost_reason
+        if reason is not None:
+            raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
+                            f"is lost: {reason}; stop the protected work")
+
+    # -- what the heartbeat writes --------------------------------------------------------
+
+    def renewed(self, lease: Lease, *, sent_at: float) -> None:
+        with self._lock:
+            self._lease = lease
+            self._local_deadline = sent_at + self.ttl
+            self.next_renewal_at = sent_at + self.heartbeat_interval
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record the loss; return True the first time (so the loss is announced once)."""
+        with self._lock:
+            if self._lost_reason is not None:
+                return False
+            self._lost_reason = reason
+            return True
+
+    @property
+    def local_deadline(self) -> float:
+        return self._local_deadline
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.lost_reason}" if self.lost else "held"
+        return f"<LeaseHandle {self.key!r} token={self.token} owner={self.owner} {state}>"

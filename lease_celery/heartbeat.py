@@ -1,0 +1,115 @@
+"""One renewal thread per worker process, renewing every held lease in batches.
+
+Started lazily by the first claim in a process, so under prefork it lives in the child that
+runs the tasks, never in the parent before fork. A refused renewal marks the handle lost at
+once; a store that cannot be reached is retried until the lease's local deadline passes, and
+then the handle is marked lost too: the heartbeat never assumes it still holds a lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+
+from . import signals
+from .errors import LeaseError
+from .handle import LeaseHandle
+from .stores.base import Store
+
+__all__ = ["Heartbeat"]
+
+logger = logging.getLogger(__name__)
+
+#: How soon a renewal is tried again after the store failed to answer.
+RETRY_AFTER_ERROR = 0.5
+
+
+class Heartbeat:
+    _instance: Heartbeat | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def for_process(cls) -> Heartbeat:
+        """The heartbeat of this process (a new one in a forked child)."""
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._handles: set[LeaseHandle] = set()
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def watch(self, handle: LeaseHandle) -> None:
+        with self._wake:
+            self._handles.add(handle)
+            self._wake.notify()
+
+    def unwatch(self, handle: LeaseHandle) -> None:
+        with self._wake:
+            handle.closed = True
+            self._handles.discard(handle)
+
+    def _due(self) -> list[LeaseHandle]:
+        """Wait until some handle is due for renewal (or lost by deadline); return those."""
+        with self._wake:
+            while True:
+                now = time.monotonic()
+                if self._handles:
+                    due = [h for h in self._handles if h.next_renewal_at <= now]
+                    if due:
+                        return due
+                    self._wake.wait(min(h.next_renewal_at for h in self._handles) - now)
+                else:
+                    self._wake.wait()
+
+    def _run(self) -> None:
+        while True:
+            due = self._due()
+            groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
+            for handle in due:
+                groups[handle.store, handle.ttl].append(handle)
+            for (store, ttl), handles in groups.items():
+                try:
+                    self._renew(store, ttl, handles)
+                except Exception:  # never let the thread die: a dead heartbeat loses every lease
+                    logger.exception("lease heartbeat failed")
+                    for handle in handles:
+                        handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+
+    def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle]) -> None:
+        sent_at = time.monotonic()
+        try:
+            renewed = store.renew_many([h.lease for h in handles], ttl=ttl)
+        except LeaseError as exc:
+            for handle in handles:
+                if time.monotonic() >= handle.local_deadline:
+                    self._lose(handle, f"store unreachable until the lease deadline ({exc})")
+                else:
+                    logger.warning("lease %s token %s: renewal failed, retrying: %s",
+                                   handle.key, handle.token, exc)
+                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+            return
+        for handle in handles:
+            if handle.closed:
+                continue  # finished or released meanwhile: a refusal now means nothing
+            lease = renewed.get(handle.key)
+            if lease is None:
+                self._lose(handle, "renewal refused by the store (expired or taken over)")
+            else:
+                handle.renewed(lease, sent_at=sent_at)
+                signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease)
+
+    def _lose(self, handle: LeaseHandle, reason: str) -> None:
+        self.unwatch(handle)
+        if handle.mark_lost(reason):
+            logger.warning("lease %s owner %s token %s lost: %s",
+                           handle.key, handle.owner, handle.token, reason)
+            signals.lease_lost.send(sender=handle.task, key=handle.key, lease=handle.lease,
+                                    reason=reason)

@@ -1,0 +1,81 @@
+"""Lease keys: which deliveries count as "the same work".
+
+``lease_key`` on a task is a format string over the task's arguments
+(``"report:{report_id}"``), a callable taking the task's arguments and returning a str, or
+``None`` for the task id (so only re-deliveries of one message count as duplicates).
+"""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import ConfigError, InvalidKey
+from .stores.base import check_key
+
+__all__ = ["KeySpec", "check_key_spec", "resolve_key"]
+
+KeySpec = str | Callable[..., str] | None
+
+
+def _field_roots(template: str) -> list[str]:
+    roots = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ConfigError(f"lease_key {template!r}: use named fields such as {{report_id}},"
+                              " not positional ones")
+        roots.append(root)
+    return roots
+
+
+def check_key_spec(spec: object, run: Callable[..., Any] | None, *, where: str) -> None:
+    """Refuse a ``lease_key`` that can never resolve, naming the task it belongs to."""
+    if spec is None or callable(spec):
+        return
+    if not isinstance(spec, str):
+        raise ConfigError(f"lease_key of {where} must be a format string, a callable or None,"
+                          f" got {type(spec).__name__}")
+    try:
+        roots = _field_roots(spec)
+    except ValueError as exc:
+        raise ConfigError(f"lease_key {spec!r} of {where} is not a valid format string: {exc}"
+                          ) from exc
+    if run is None:
+        return
+    params = inspect.signature(run).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [root for root in roots if root not in params]
+    if missing:
+        raise ConfigError(f"lease_key {spec!r} of {where} names {missing}, which are not"
+                          f" parameters of the task ({', '.join(params) or 'none'})")
+
+
+def resolve_key(spec: KeySpec, run: Callable[..., Any], args: Sequence[Any],
+                kwargs: Mapping[str, Any], *, task_id: str | None) -> str:
+    """Compute the lease key of one delivery; raise ``InvalidKey`` naming the problem."""
+    if spec is None:
+        if not task_id:
+            raise InvalidKey("no lease_key is set and the task has no id to use as the key")
+        return check_key(task_id)
+    if callable(spec):
+        return check_key(spec(*args, **kwargs))
+    try:
+        bound = inspect.signature(run).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidKey(f"lease_key {spec!r}: the task arguments do not fit: {exc}") from exc
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    for name, param in inspect.signature(run).parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name, {}))
+    try:
+        return check_key(spec.format(**arguments))
+    except (KeyError, IndexError, AttributeError) as exc:
+        raise InvalidKey(f"lease_key {spec!r} cannot be formatted from the task arguments"
+                         f" {sorted(arguments)}: {exc!r}") from exc

@@ -1,0 +1,50 @@
+"""Value types shared by the stores and the task layer."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Lease", "LeaseRecord", "LeaseState"]
+
+
+class LeaseState(str, enum.Enum):
+    """Where a lease row stands.
+
+    ``ready``: free to claim. ``running``: held until ``expires_at`` (afterwards claimable).
+    ``done``: a result was accepted; terminal. ``dead``: given up on; terminal until requeued.
+    """
+
+    READY = "ready"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof of one successful claim: what renew, finish and release are checked against.
+
+    ``token`` is the claim's generation on this key (+1 per successful claim, never reused);
+    ``expires_at`` is the deadline on the store's clock in epoch seconds.
+    """
+
+    key: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A snapshot of a lease row as the store holds it."""
+
+    key: str
+    state: LeaseState
+    owner: str | None
+    token: int
+    expires_at: float | None
+    attempts: int
+    result: Any = None
+    updated_at: float | None = None

@@ -1,0 +1,67 @@
+"""The ``lease_*`` settings: defaults, validation, and per-task override resolution.
+
+Order of precedence: a task attribute (``lease_ttl = 60`` on the task) beats the Celery setting
+(``app.conf.lease_ttl``, so ``CELERY_LEASE_TTL`` works under a namespace), which beats the
+default. Every refusal names the setting and where its value came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError, LeaseError
+from .stores.base import check_ttl, open_store
+
+__all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings"]
+
+#: A SQLite file in the worker's working directory: shared by the worker processes of one host.
+DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
+DEFAULT_TTL = 30.0
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    store_url: str
+    ttl: float
+    heartbeat_interval: float
+
+
+def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
+    """Return ``(value, source)`` for setting ``name``; value is None when unset everywhere."""
+    value = getattr(task, name, None) if task is not None else None
+    if value is not None:
+        return value, f"task attribute {getattr(task, 'name', None) or task!s}.{name}"
+    value = app.conf.get(name) if app is not None else None
+    if value is not None:
+        return value, f"setting {name}"
+    return None, "default"
+
+
+def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
+    """Resolve and validate the lease settings for ``task`` (or app-wide when ``task`` is None)."""
+    ttl_value, ttl_source = _lookup(app, task, "lease_ttl")
+    ttl = check_ttl(DEFAULT_TTL if ttl_value is None else ttl_value,
+                    name=f"lease_ttl ({ttl_source})")
+
+    interval_value, interval_source = _lookup(app, task, "lease_heartbeat_interval")
+    if interval_value is None:
+        interval = ttl / 3
+    else:
+        interval = check_ttl(interval_value,
+                             name=f"lease_heartbeat_interval ({interval_source})")
+        if interval >= ttl:
+            raise ConfigError(
+                f"lease_heartbeat_interval ({interval_source}) is {interval:g}s, not shorter than"
+                f" lease_ttl {ttl:g}s: the lease would expire before its first renewal"
+            )
+
+    url_value, url_source = _lookup(app, task, "lease_store_url")
+    url = DEFAULT_STORE_URL if url_value is None else url_value
+    try:
+        open_store(url).close()  # parses and checks the URL; connects lazily, so this is cheap
+    except LeaseError as exc:
+        raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
+    return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval)

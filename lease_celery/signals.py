@@ -1,0 +1,35 @@
+"""Signals lease_celery sends; connect receivers as with any Celery signal.
+
+Every signal is sent with ``sender=<the task>`` and ``key``; most also carry ``lease``
+(a :class:`~lease_celery.Lease`). Celery's ``Signal.send`` logs and swallows a receiver's
+exception, so a faulty receiver never breaks a task.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "duplicate_deferred",
+    "duplicate_ignored",
+    "lease_acquired",
+    "lease_lost",
+    "lease_released",
+    "lease_renewed",
+    "stale_result_rejected",
+]
+
+#: A claim succeeded: ``lease``.
+lease_acquired = Signal(name="lease_acquired")
+#: The heartbeat moved the deadline: ``lease`` (with the new ``expires_at``).
+lease_renewed = Signal(name="lease_renewed")
+#: This process no longer holds the lease: ``lease``, ``reason``.
+lease_lost = Signal(name="lease_lost")
+#: A delivery found a live holder and was re-published for later: ``countdown``, ``holder``.
+duplicate_deferred = Signal(name="duplicate_deferred")
+#: A delivery found the key already finished (or dead) and was dropped: ``state``.
+duplicate_ignored = Signal(name="duplicate_ignored")
+#: A result (or failure) of a lease that was no longer current was refused: ``lease``, ``reason``.
+stale_result_rejected = Signal(name="stale_result_rejected")
+#: The lease was given back early (the body raised): ``lease``.
+lease_released = Signal(name="lease_released")

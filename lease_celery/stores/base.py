@@ -1,0 +1,176 @@
+"""The Store contract, input validation shared by every store, and the URL registry.
+
+A store is the only code that talks to a database. Each mutation is one conditional write
+whose condition is evaluated by the store, on the store's clock, inside the same transaction as
+the write; a refused write changes nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError, InvalidKey, ResultNotSerializable
+from ..models import Lease, LeaseRecord
+
+__all__ = ["MAX_KEY_LENGTH", "Clock", "Store", "encode_result", "open_store", "register_scheme"]
+
+Clock = Callable[[], float]
+
+#: Longest accepted lease key, in characters. Keys are identifiers, not payloads.
+MAX_KEY_LENGTH = 512
+
+# scheme -> "module:Class", imported lazily so optional drivers stay optional.
+_SCHEMES: dict[str, str] = {
+    "sqlite": "lease_celery.stores.sqlite:SQLiteStore",
+}
+
+
+class Store(abc.ABC):
+    """A lease store.
+
+    Refusals are falsy returns, never exceptions: ``claim`` and ``renew`` return ``None``,
+    ``finish`` and ``release`` return ``False``. Exceptions mean the store could not answer
+    (``StoreError``) or the input is invalid (``ValueError`` subclasses); in both cases nothing
+    was written.
+    """
+
+    url: str
+
+    @abc.abstractmethod
+    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        """Atomically take ``key`` for ``owner`` until store-now + ``ttl``.
+
+        Succeeds when the key has no row, is ``ready``, or is ``running`` with
+        ``expires_at <= now``; the token becomes the previous token + 1 (1 for a new key) and
+        ``attempts`` grows by one. Returns ``None`` when a live lease holds the key or the key is
+        ``done``/``dead``.
+        """
+
+    @abc.abstractmethod
+    def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
+        """Move the deadline to store-now + ``ttl`` if ``lease`` is still current.
+
+        Current means: state ``running``, same owner, same token and ``expires_at > now``, checked
+        in the same transaction as the write. Returns the renewed lease or ``None``.
+        """
+
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+        """Renew several leases; the result maps each key to its renewed lease or ``None``.
+
+        Each lease is judged on its own by the rule of :meth:`renew`. Stores override this to
+        renew all of them in one round trip.
+        """
+        return {lease.key: self.renew(lease, ttl=ttl) for lease in leases}
+
+    @abc.abstractmethod
+    def finish(self, lease: Lease, result: Any = None) -> bool:
+        """Store ``result`` (JSON) and mark the key ``done`` if ``lease`` is still current.
+
+        The fencing check (state, owner, token, ``expires_at > now``) and the write are one
+        statement. Returns ``False`` and writes nothing when the lease is not current. A result
+        that is not JSON raises ``ResultNotSerializable`` before anything is written.
+        """
+
+    @abc.abstractmethod
+    def release(self, lease: Lease) -> bool:
+        """Give the key back early (state ``ready``) if ``lease`` is still current.
+
+        The token is kept, so the next claim gets token + 1. A released lease can neither renew
+        nor finish. Returns ``False`` when the lease was not current.
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> LeaseRecord | None:
+        """Return a snapshot of the row for ``key``, or ``None`` if there is none."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """Return the store's current time (the authority clock), in epoch seconds."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. The store reconnects if used again."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a usable lease key, else raise ``InvalidKey`` naming the problem."""
+    if not isinstance(key, str):
+        raise InvalidKey(f"lease key must be a str, got {type(key).__name__}: {key!r}")
+    if not key or not key.strip():
+        raise InvalidKey("lease key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKey(
+            f"lease key is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}: {key[:40]!r}…"
+        )
+    return key
+
+
+def check_ttl(ttl: object, *, name: str = "ttl") -> float:
+    """Return ``ttl`` as float seconds if finite and positive, else raise ``ConfigError``."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise ConfigError(f"{name} must be a number of seconds, got {type(ttl).__name__}: {ttl!r}")
+    value = float(ttl)
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
+    return value
+
+
+def check_owner(owner: object) -> str:
+    if not isinstance(owner, str) or not owner.strip():
+        raise ConfigError(f"lease owner must be a non-empty str, got {owner!r}")
+    return owner
+
+
+def encode_result(result: Any) -> str:
+    """Serialize a task result to strict JSON (never pickle: the store must not run code)."""
+    try:
+        return json.dumps(result, allow_nan=False, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializable(
+            f"lease results must be JSON-serializable; {type(result).__name__} is not ({exc})"
+        ) from exc
+
+
+def decode_result(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def register_scheme(scheme: str, target: str) -> None:
+    """Map a URL scheme to ``"module:Class"``; the class is built as ``Class(url, clock=...)``."""
+    _SCHEMES[scheme] = target
+
+
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """Open the lease store named by ``url``.
+
+    ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or ``sqlite://`` (in memory).
+    ``clock`` replaces the store's authority clock (tests, simulations): a callable returning
+    epoch seconds.
+    """
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"lease store URL must be a non-empty string, got {url!r}")
+    scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
+    target = _SCHEMES.get(scheme)
+    if target is None:
+        known = ", ".join(sorted(f"{s}://" for s in _SCHEMES))
+        raise ConfigError(f"unknown lease store URL scheme {scheme + '://' if scheme else url!r}"
+                          f" in {url!r}; known schemes: {known}")
+    module_name, class_name = target.split(":")
+    store_class = getattr(importlib.import_module(module_name), class_name)
+    store: Store = store_class(url, clock=clock)
+    return store

@@ -1,0 +1,68 @@
+-- SQLite dialect. Parameters are named (:key). :now is the store clock, sampled after
+-- BEGIN IMMEDIATE took the write lock, so no other writer can act between the reading of the
+-- clock and the write.
+
+-- name: create_leases
+CREATE TABLE IF NOT EXISTS lease_celery_leases (
+    key         TEXT    PRIMARY KEY,
+    state       TEXT    NOT NULL CHECK (state IN ('ready', 'running', 'done', 'dead')),
+    owner       TEXT,
+    token       INTEGER NOT NULL CHECK (token >= 0),
+    expires_at  REAL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    result      TEXT,
+    updated_at  REAL    NOT NULL
+) WITHOUT ROWID
+
+-- name: create_meta
+CREATE TABLE IF NOT EXISTS lease_celery_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID
+
+-- name: get_schema_version
+SELECT value FROM lease_celery_meta WHERE name = 'schema_version'
+
+-- name: set_schema_version
+INSERT INTO lease_celery_meta (name, value) VALUES ('schema_version', :version)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value
+
+-- name: claim
+-- A new key starts at token 1; an existing row may be taken only when it is ready or its
+-- lease has expired (expires_at <= now: the boundary instant counts as expired).
+INSERT INTO lease_celery_leases (key, state, owner, token, expires_at, attempts, result, updated_at)
+VALUES (:key, 'running', :owner, 1, :expires_at, 1, NULL, :now)
+ON CONFLICT (key) DO UPDATE SET
+    state      = 'running',
+    owner      = excluded.owner,
+    token      = lease_celery_leases.token + 1,
+    expires_at = excluded.expires_at,
+    attempts   = lease_celery_leases.attempts + 1,
+    result     = NULL,
+    updated_at = excluded.updated_at
+WHERE lease_celery_leases.state = 'ready'
+   OR (lease_celery_leases.state = 'running' AND lease_celery_leases.expires_at <= :now)
+RETURNING token, expires_at
+
+-- name: renew
+UPDATE lease_celery_leases
+SET expires_at = :expires_at, updated_at = :now
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+RETURNING expires_at
+
+-- name: finish
+UPDATE lease_celery_leases
+SET state = 'done', result = :result, expires_at = :now, updated_at = :now
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
+-- name: release
+UPDATE lease_celery_leases
+SET state = 'ready', expires_at = :now, updated_at = :now
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
+-- name: get
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at
+FROM lease_celery_leases WHERE key = :key

@@ -1,0 +1,243 @@
+"""The embedded default store: one SQLite file shared by the worker processes of one host.
+
+Every mutation runs in its own ``BEGIN IMMEDIATE`` transaction, and the clock is sampled only
+after that transaction holds the write lock, so time spent waiting for the lock never counts
+against a lease. ``SQLITE_BUSY`` is retried with full-jitter backoff up to ``busy_timeout``
+seconds, then surfaces as ``StoreBusy``. Never put the file on a network file system: SQLite's
+locking is not reliable there, and with it goes every guarantee this store makes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import ConfigError, StoreBusy, StoreError
+from ..models import Lease, LeaseRecord, LeaseState
+from .base import Clock, Store, check_key, check_owner, check_ttl, decode_result, encode_result
+from .queries import load_queries
+
+__all__ = ["SQLiteStore"]
+
+SCHEMA_VERSION = 1
+_T = TypeVar("_T")
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
+_Q = load_queries("sqlite")
+# Connections inherited through fork() must never be used or closed by the child (SQLite's
+# locks are per process); they are parked here so garbage collection does not close them.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+class SQLiteStore(Store):
+    """Lease store on a local SQLite file (``sqlite:///path``) or in memory (``sqlite://``).
+
+    URL options: ``?busy_timeout=SECONDS`` (default 10) bounds how long one operation waits for
+    other writers before raising ``StoreBusy``.
+    """
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        self.url = url
+        self.path, self.busy_timeout = self._parse(url)
+        self._clock: Clock = clock or time.time
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    @staticmethod
+    def _parse(url: str) -> tuple[str, float]:
+        parts = urlsplit(url)
+        if parts.netloc:
+            raise ConfigError(
+                f"sqlite URL {url!r} names a host ({parts.netloc!r}); use sqlite:///relative/path"
+                " or sqlite:////absolute/path (SQLite files must be local to this machine)"
+            )
+        options = dict(parse_qsl(parts.query, keep_blank_values=True))
+        busy_timeout = check_ttl(_float_option(url, "busy_timeout", options, 10.0),
+                                 name="sqlite busy_timeout")
+        options.pop("busy_timeout", None)
+        if options:
+            raise ConfigError(f"unknown sqlite URL option(s) {sorted(options)} in {url!r}; "
+                              "known: busy_timeout")
+        # sqlite:///rel -> path "/rel" -> "rel"; sqlite:////abs -> "//abs" -> "/abs".
+        path = unquote(parts.path)[1:] if parts.path else ""
+        if not path or path == ":memory:":
+            return ":memory:", busy_timeout
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise ConfigError(f"sqlite store directory {directory!r} does not exist (from {url!r})")
+        if os.path.isdir(path):
+            raise ConfigError(f"sqlite store path {path!r} is a directory, not a file")
+        return os.path.abspath(path), busy_timeout
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        pid = os.getpid()
+        if self._conn is not None and self._pid == pid:
+            return self._conn
+        if self._conn is not None:
+            _INHERITED.append(self._conn)  # made before fork(): belongs to the parent
+        self._conn = None
+        try:
+            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open sqlite store {self.path!r}: {exc}") from exc
+        self._conn, self._pid = conn, pid
+        try:
+            self._retry_busy(lambda: self._setup(conn))
+        except BaseException:
+            self._conn = None
+            conn.close()
+            raise
+        return conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        if self.path != ":memory:":
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"sqlite store {self.path!r} could not switch to WAL ({mode})")
+        # FULL: a committed claim survives power loss, so a token can never go backwards.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(_Q["create_leases"])
+            conn.execute(_Q["create_meta"])
+            row = conn.execute(_Q["get_schema_version"]).fetchone()
+            if row is None:
+                conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreError(f"sqlite store {self.path!r} has schema version {row[0]}, newer"
+                                 f" than this lease_celery understands ({SCHEMA_VERSION})")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                conn.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def _retry_busy(self, operation: Callable[[], _T]) -> _T:
+        deadline = time.monotonic() + self.busy_timeout
+        attempt = 0
+        while True:
+            try:
+                return operation()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StoreBusy(f"sqlite store {self.path!r} stayed locked for more than "
+                                    f"{self.busy_timeout:g}s ({exc})") from exc
+                # Full jitter: spreads 16 contending processes instead of waking them together.
+                attempt += 1
+                time.sleep(min(remaining, random.uniform(0, min(0.05, 0.001 * 2 ** attempt))))
+            except sqlite3.Error as exc:
+                raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
+
+    def _write(self, body: Callable[[sqlite3.Connection, float], _T]) -> _T:
+        """Run ``body(conn, now)`` in one BEGIN IMMEDIATE transaction, ``now`` read in it."""
+        def attempt() -> _T:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = body(conn, self._clock())
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+        with self._lock:
+            return self._retry_busy(attempt)
+
+    # -- contract ---------------------------------------------------------------------------
+
+    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+
+        def body(conn: sqlite3.Connection, now: float) -> Lease | None:
+            row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
+                                             "expires_at": now + ttl}).fetchone()
+            return None if row is None else Lease(key, owner, int(row[0]), float(row[1]))
+
+        return self._write(body)
+
+    def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
+        return self.renew_many([lease], ttl=ttl)[lease.key]
+
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+        ttl = check_ttl(ttl)
+        if not leases:
+            return {}
+
+        def body(conn: sqlite3.Connection, now: float) -> dict[str, Lease | None]:
+            renewed: dict[str, Lease | None] = {}
+            for lease in leases:
+                row = conn.execute(_Q["renew"], {**_fence(lease), "now": now,
+                                                 "expires_at": now + ttl}).fetchone()
+                renewed[lease.key] = None if row is None else Lease(
+                    lease.key, lease.owner, lease.token, float(row[0]))
+            return renewed
+
+        return self._write(body)
+
+    def finish(self, lease: Lease, result: Any = None) -> bool:
+        encoded = encode_result(result)  # before the transaction: a bad result writes nothing
+        return self._write(lambda conn, now: conn.execute(
+            _Q["finish"], {**_fence(lease), "now": now, "result": encoded}).rowcount == 1)
+
+    def release(self, lease: Lease) -> bool:
+        return self._write(lambda conn, now: conn.execute(
+            _Q["release"], {**_fence(lease), "now": now}).rowcount == 1)
+
+    def get(self, key: str) -> LeaseRecord | None:
+        key = check_key(key)
+        with self._lock:
+            row = self._retry_busy(
+                lambda: self._connection().execute(_Q["get"], {"key": key}).fetchone())
+        if row is None:
+            return None
+        return LeaseRecord(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
+                           expires_at=row[4], attempts=int(row[5]),
+                           result=decode_result(row[6]), updated_at=row[7])
+
+    def now(self) -> float:
+        return self._clock()
+
+
+def _fence(lease: Lease) -> dict[str, Any]:
+    """The fencing predicate's parameters: the lease must still be this owner's, this token."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+    return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+
+
+def _float_option(url: str, name: str, options: dict[str, str], default: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"sqlite URL option {name}={raw!r} in {url!r} is not a number") from None

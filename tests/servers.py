@@ -1,0 +1,23 @@
+"""Reaching the real servers the tests need: fail under CI, skip with a reason locally."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REDIS_HOST = os.environ.get("LEASE_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("LEASE_TEST_REDIS_PORT", "6379"))
+#: The Redis database this test run owns; it is flushed before and after the run.
+REDIS_DB = int(os.environ.get("LEASE_TEST_REDIS_DB", "11"))
+REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
+
+
+def require(server: str, reachable: bool, detail: str) -> None:
+    """A missing server fails the run in CI (CI=true) and skips the test elsewhere."""
+    if reachable:
+        return
+    message = f"{server} is not reachable ({detail}); see ../shared/services.md to start it"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
