@@ -15,13 +15,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore
 
 from . import signals
-from .errors import LeaseError, LeaseHeld, ResultNotSerializable
+from .errors import LeaseHeld, ResultNotSerializable, StoreError
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: How many times a delivery re-tries a claim that raced with a release or an expiry.
 CLAIM_ROUNDS = 3
+#: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
+STORE_RETRY_DELAY = 5.0
 
 _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
@@ -122,7 +124,12 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # it runs under a lease too, on a key of its own unless lease_key names one.
         task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
-        handle = self._claim(store, key, settings, args, kwargs)
+        try:
+            handle = self._claim(store, key, settings, args, kwargs)
+        except StoreError as exc:
+            # The store cannot answer: keep the delivery rather than fail and ack it.
+            self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
+                        why=f"the lease store failed ({exc})", eager_error=exc)
         request.lease = handle
         heartbeat = Heartbeat.for_process()
         heartbeat.watch(handle)
@@ -136,7 +143,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             if request.called_directly:
                 request.lease = None  # the default request object outlives this call
         heartbeat.unwatch(handle)
-        return self._finish(handle, result)
+        return self._finish(handle, result, args, kwargs)
 
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
                args: Any, kwargs: Any) -> LeaseHandle:
@@ -161,35 +168,47 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                 raise Ignore()
             remaining = (record.expires_at or 0.0) - store.now()
             if remaining > 0:
-                self._defer(key, remaining, record.owner, settings, args, kwargs)
+                held = LeaseHeld(f"lease {key!r} is held by {record.owner} (token "
+                                 f"{record.token}) for another {remaining:.1f}s")
+                self._defer(key, remaining, settings, args, kwargs, holder=record.owner,
+                            why=str(held), eager_error=held)
         # Lost the race several times in a row (expiries and takeovers crossing ours).
-        self._defer(key, 0.0, None, settings, args, kwargs)
-        raise AssertionError("unreachable: _defer raises")  # pragma: no cover
+        contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
+        self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
 
-    def _defer(self, key: str, remaining: float, holder: str | None,
-               settings: LeaseSettings, args: Any, kwargs: Any) -> None:
-        """Re-publish this delivery for when the holder's lease can next expire, then ack it.
+    def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
+               kwargs: Any, *, why: str, eager_error: Exception,
+               holder: str | None = None) -> NoReturn:
+        """Re-publish this delivery to run in about ``remaining`` seconds, then ack it.
 
-        Acking a duplicate without re-publishing would lose the work if the holder died later.
+        Used when a live holder has the key (acking a duplicate without re-publishing would
+        lose the work if the holder died later) and when the store cannot answer.
         """
         request = self.request
-        if request.is_eager or request.called_directly:  # nothing to re-publish
-            raise LeaseHeld(f"lease {key!r} is held by {holder} for another {remaining:.1f}s")
+        if request.is_eager or request.called_directly:  # nothing to re-publish to
+            raise eager_error
         # Jitter spreads duplicates so they do not all come back in the same instant.
         countdown = min(max(remaining, 0.05), settings.ttl) + random.uniform(0, settings.ttl / 10)
         self.signature_from_request(request, args, kwargs, countdown=countdown).apply_async()
-        logger.info("lease %s held by %s: delivery %s deferred by %.2fs",
-                    key, holder, request.id, countdown)
-        signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder)
+        logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
+        signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
+                                        reason=why)
         raise Ignore()
 
-    def _finish(self, handle: LeaseHandle, result: Any) -> Any:
+    def _finish(self, handle: LeaseHandle, result: Any, args: Any, kwargs: Any) -> Any:
         store = handle.store
         try:
             accepted = store.finish(handle.lease, result)
         except ResultNotSerializable:
             self._release_after_error(handle, None)
             raise
+        except StoreError as exc:
+            # Not recorded, so not accepted: run again later rather than report an unfenced
+            # success or fail and ack (which would lose the work).
+            self._release_after_error(handle, exc)
+            settings = self.lease_settings
+            self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
+                        why=f"finish failed in the lease store ({exc})", eager_error=exc)
         if not accepted:
             self._reject_stale(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
@@ -199,14 +218,14 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """Give the key back so a retry can claim it; a failure of a stale lease is ignored."""
         try:
             released = handle.store.release(handle.lease)
-        except LeaseError:
+            record = None if released else handle.store.get(handle.key)
+        except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
                              "expire at %s", handle.key, handle.token, handle.expires_at)
             return
         if released:
             signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease)
             return
-        record = handle.store.get(handle.key)
         if record is not None and (record.token != handle.token or record.owner != handle.owner):
             # Someone else owns the key now: our failure must not overwrite their outcome.
             self._reject_stale(handle, f"the body raised {exc!r} after the lease was taken over")

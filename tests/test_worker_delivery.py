@@ -194,3 +194,31 @@ def test_non_json_result_fails_the_task_and_frees_the_key(workers: WorkerPool) -
         result.get(timeout=30)
     record = open_store(workers.store_url).get(f"job:{job}")
     assert record is not None and (record.state, record.token) == (LeaseState.READY, 1)
+
+
+def test_unavailable_store_defers_the_delivery_instead_of_losing_it(
+        workers: WorkerPool) -> None:
+    """While the SQLite store stays locked longer than its busy_timeout the claim fails with
+    StoreBusy: the delivery is re-published, not failed and acked, and runs once the store
+    answers again."""
+    import sqlite3
+
+    locked_url = workers.store_url + "?busy_timeout=0.3"
+    workers.env["LEASE_TEST_STORE"] = locked_url
+    path = workers.store_url.removeprefix("sqlite:///")
+    open_store(locked_url).get("warm-up")  # create the schema before we lock the file
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        workers.start("a", concurrency=1)
+        job = _job()
+        result = workers.client.send_task(WORK, args=(job, 0.0))
+        workers.journal.wait_for(lambda j: bool(j.events("duplicate_deferred", key=f"job:{job}")),
+                                 timeout=20, what="the delivery to be deferred")
+        assert "lease store failed" in workers.journal.events("duplicate_deferred")[0]["reason"]
+        assert not workers.journal.events("body_start", job_id=job)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert result.get(timeout=30)["token"] == 1
+    assert len(workers.journal.events("body_start", job_id=job)) == 1
