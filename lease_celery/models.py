@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,3 +49,11 @@ class LeaseRecord:
     attempts: int
     result: Any = None
     updated_at: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, result: Any) -> LeaseRecord:
+        """Build from ``(key, state, owner, token, expires_at, attempts, _, updated_at)``."""
+        return cls(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
+                   expires_at=None if row[4] is None else float(row[4]),
+                   attempts=int(row[5]), result=result,
+                   updated_at=None if row[7] is None else float(row[7]))

@@ -12,15 +12,19 @@ import importlib
 import json
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, InvalidKey, ResultNotSerializable
+from ..errors import ConfigError, InvalidKey, ResultNotSerializable, StoreError
 from ..models import Lease, LeaseRecord
 
 __all__ = ["MAX_KEY_LENGTH", "Clock", "Store", "encode_result", "open_store", "register_scheme"]
 
 Clock = Callable[[], float]
+
+#: Shortest accepted duration (ttl, timeouts), in seconds.
+MIN_SECONDS = 0.001
 
 #: Longest accepted lease key, in characters. Keys are identifiers, not payloads.
 MAX_KEY_LENGTH = 512
@@ -28,6 +32,10 @@ MAX_KEY_LENGTH = 512
 # scheme -> "module:Class", imported lazily so optional drivers stay optional.
 _SCHEMES: dict[str, str] = {
     "sqlite": "lease_celery.stores.sqlite:SQLiteStore",
+    "postgresql": "lease_celery.stores.postgres:PostgresStore",
+    "postgres": "lease_celery.stores.postgres:PostgresStore",
+    "redis": "lease_celery.stores.redis:RedisStore",
+    "rediss": "lease_celery.stores.redis:RedisStore",
 }
 
 
@@ -86,8 +94,26 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def purge(self, key: str) -> bool:
+        """Delete the row for ``key`` unless a live lease holds it; return whether it was deleted.
+
+        The key's last token is kept apart, so a key claimed again after a purge continues at
+        token + 1: tokens never restart. A running lease that has not expired is never deleted.
+        """
+
+    @abc.abstractmethod
     def get(self, key: str) -> LeaseRecord | None:
         """Return a snapshot of the row for ``key``, or ``None`` if there is none."""
+
+    def fenced(self, lease: Lease) -> AbstractContextManager[Any]:
+        """A transaction on the store's database in which ``lease`` is verified current.
+
+        Yields a DB-API connection; the caller's own writes through it commit only if the lease
+        is still current at commit, and raise ``LeaseLost`` (rolled back) otherwise. Only stores
+        that share a database with the caller's rows offer it.
+        """
+        raise StoreError(f"{type(self).__name__} cannot run your writes in the lease's "
+                         "transaction; use the PostgreSQL or SQLite store for fenced writes")
 
     @abc.abstractmethod
     def now(self) -> float:
@@ -127,6 +153,9 @@ def check_ttl(ttl: object, *, name: str = "ttl") -> float:
     value = float(ttl)
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
+    if value < MIN_SECONDS:
+        # At epoch scale, now + 1e-9 == now: such a lease would be born expired.
+        raise ConfigError(f"{name} must be at least {MIN_SECONDS}s, got {ttl!r}")
     return value
 
 
@@ -134,6 +163,23 @@ def check_owner(owner: object) -> str:
     if not isinstance(owner, str) or not owner.strip():
         raise ConfigError(f"lease owner must be a non-empty str, got {owner!r}")
     return owner
+
+
+def fence_params(lease: Lease) -> dict[str, Any]:
+    """The fencing predicate's parameters: the lease must still be this owner's, this token."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"expected a Lease, got {type(lease).__name__}: {lease!r}")
+    return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+
+
+def number_option(url: str, name: str, raw: str | None, default: float) -> float:
+    """A numeric URL query option, or ``ConfigError`` naming it."""
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"URL option {name}={raw!r} in {url!r} is not a number") from None
 
 
 def encode_result(result: Any) -> str:

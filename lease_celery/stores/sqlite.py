@@ -14,13 +14,24 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ConfigError, StoreBusy, StoreError
-from ..models import Lease, LeaseRecord, LeaseState
-from .base import Clock, Store, check_key, check_owner, check_ttl, decode_result, encode_result
+from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
+from ..models import Lease, LeaseRecord
+from .base import (
+    Clock,
+    Store,
+    check_key,
+    check_owner,
+    check_ttl,
+    decode_result,
+    encode_result,
+    fence_params,
+    number_option,
+)
 from .queries import load_queries
 
 __all__ = ["SQLiteStore"]
@@ -51,7 +62,7 @@ class SQLiteStore(Store):
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self.path, self.busy_timeout = self._parse(url)
-        self._clock: Clock = clock or time.time
+        self._clock = clock
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -59,15 +70,18 @@ class SQLiteStore(Store):
     @staticmethod
     def _parse(url: str) -> tuple[str, float]:
         parts = urlsplit(url)
+        if not url.startswith(f"{parts.scheme}://"):
+            raise ConfigError(f"sqlite URL {url!r} must start with sqlite:// (sqlite:///relative"
+                              " or sqlite:////absolute/path)")
         if parts.netloc:
             raise ConfigError(
                 f"sqlite URL {url!r} names a host ({parts.netloc!r}); use sqlite:///relative/path"
                 " or sqlite:////absolute/path (SQLite files must be local to this machine)"
             )
         options = dict(parse_qsl(parts.query, keep_blank_values=True))
-        busy_timeout = check_ttl(_float_option(url, "busy_timeout", options, 10.0),
-                                 name="sqlite busy_timeout")
-        options.pop("busy_timeout", None)
+        busy_timeout = check_ttl(
+            number_option(url, "busy_timeout", options.pop("busy_timeout", None), 10.0),
+            name="sqlite busy_timeout")
         if options:
             raise ConfigError(f"unknown sqlite URL option(s) {sorted(options)} in {url!r}; "
                               "known: busy_timeout")
@@ -115,6 +129,7 @@ class SQLiteStore(Store):
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(_Q["create_leases"])
+            conn.execute(_Q["create_retired"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
             if row is None:
@@ -136,7 +151,9 @@ class SQLiteStore(Store):
     # -- transactions -----------------------------------------------------------------------
 
     def _retry_busy(self, operation: Callable[[], _T]) -> _T:
-        deadline = time.monotonic() + self.busy_timeout
+        # The wait is measured by adding up the sleeps, not by reading a clock: under a frozen
+        # clock (freezegun in a user's tests) a clock-based deadline would never arrive.
+        waited = 0.0
         attempt = 0
         while True:
             try:
@@ -144,23 +161,25 @@ class SQLiteStore(Store):
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
                     raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
-                remaining = deadline - time.monotonic()
+                remaining = self.busy_timeout - waited
                 if remaining <= 0:
                     raise StoreBusy(f"sqlite store {self.path!r} stayed locked for more than "
                                     f"{self.busy_timeout:g}s ({exc})") from exc
-                # Full jitter: spreads 16 contending processes instead of waking them together.
+                # Full jitter: spreads 16 contending processes instead of waking them together;
+                # a floor keeps the count of attempts bounded.
                 attempt += 1
-                time.sleep(min(remaining, random.uniform(0, min(0.05, 0.001 * 2 ** attempt))))
+                pause = min(remaining, random.uniform(0.0005, min(0.05, 0.001 * 2 ** attempt)))
+                time.sleep(pause)
+                waited += pause
             except sqlite3.Error as exc:
                 raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
 
     def _write(self, body: Callable[[sqlite3.Connection, float], _T]) -> _T:
         """Run ``body(conn, now)`` in one BEGIN IMMEDIATE transaction, ``now`` read in it."""
         def attempt() -> _T:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+            conn = self._begin()
             try:
-                result = body(conn, self._clock())
+                result = body(conn, self._now())
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -194,7 +213,7 @@ class SQLiteStore(Store):
         def body(conn: sqlite3.Connection, now: float) -> dict[str, Lease | None]:
             renewed: dict[str, Lease | None] = {}
             for lease in leases:
-                row = conn.execute(_Q["renew"], {**_fence(lease), "now": now,
+                row = conn.execute(_Q["renew"], {**fence_params(lease), "now": now,
                                                  "expires_at": now + ttl}).fetchone()
                 renewed[lease.key] = None if row is None else Lease(
                     lease.key, lease.owner, lease.token, float(row[0]))
@@ -205,39 +224,66 @@ class SQLiteStore(Store):
     def finish(self, lease: Lease, result: Any = None) -> bool:
         encoded = encode_result(result)  # before the transaction: a bad result writes nothing
         return self._write(lambda conn, now: conn.execute(
-            _Q["finish"], {**_fence(lease), "now": now, "result": encoded}).rowcount == 1)
+            _Q["finish"], {**fence_params(lease), "now": now, "result": encoded}).rowcount == 1)
 
     def release(self, lease: Lease) -> bool:
         return self._write(lambda conn, now: conn.execute(
-            _Q["release"], {**_fence(lease), "now": now}).rowcount == 1)
+            _Q["release"], {**fence_params(lease), "now": now}).rowcount == 1)
+
+    def purge(self, key: str) -> bool:
+        key = check_key(key)
+
+        def body(conn: sqlite3.Connection, now: float) -> bool:
+            conn.execute(_Q["retire"], {"key": key, "now": now})
+            return conn.execute(_Q["purge"], {"key": key, "now": now}).rowcount == 1
+
+        return self._write(body)
 
     def get(self, key: str) -> LeaseRecord | None:
         key = check_key(key)
         with self._lock:
             row = self._retry_busy(
                 lambda: self._connection().execute(_Q["get"], {"key": key}).fetchone())
-        if row is None:
-            return None
-        return LeaseRecord(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
-                           expires_at=row[4], attempts=int(row[5]),
-                           result=decode_result(row[6]), updated_at=row[7])
+        return None if row is None else LeaseRecord.from_row(row, result=decode_result(row[6]))
 
     def now(self) -> float:
-        return self._clock()
+        return self._now()
 
+    def _now(self) -> float:
+        # time.time is looked up at each call, not bound at open, so freezegun (which patches
+        # the module attribute) also governs a store opened before the freeze.
+        return time.time() if self._clock is None else self._clock()
 
-def _fence(lease: Lease) -> dict[str, Any]:
-    """The fencing predicate's parameters: the lease must still be this owner's, this token."""
-    if not isinstance(lease, Lease):
-        raise TypeError(f"expected a Lease, got {type(lease).__name__}")
-    return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+    @contextmanager
+    def fenced(self, lease: Lease) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the store's file in which ``lease`` is verified current.
 
+        Create your own tables in the same SQLite file and write them through the yielded
+        connection: they commit only if the lease is still current at commit (checked again
+        then); otherwise ``LeaseLost`` is raised and nothing is committed. The write lock is held
+        throughout, so keep the block short.
+        """
+        params = fence_params(lease)
+        with self._lock:
+            conn = self._retry_busy(self._begin)
+            try:
+                self._verify(conn, lease, params, "before the fenced writes")
+                yield conn
+                self._verify(conn, lease, params, "at commit")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
-def _float_option(url: str, name: str, options: dict[str, str], default: float) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"sqlite URL option {name}={raw!r} in {url!r} is not a number") from None
+    def _begin(self) -> sqlite3.Connection:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        return conn
+
+    def _verify(self, conn: sqlite3.Connection, lease: Lease, params: dict[str, Any],
+                when: str) -> None:
+        row = conn.execute(_Q["check_current"], {**params, "now": self._now()}).fetchone()
+        if row is None:
+            raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
+                            f"is not current {when}; nothing was committed")

@@ -14,6 +14,13 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
     updated_at  REAL    NOT NULL
 ) WITHOUT ROWID
 
+-- name: create_retired
+-- The last token of every purged key: a re-created key continues from it, never from 1.
+CREATE TABLE IF NOT EXISTS lease_celery_retired (
+    key    TEXT    PRIMARY KEY,
+    token  INTEGER NOT NULL
+) WITHOUT ROWID
+
 -- name: create_meta
 CREATE TABLE IF NOT EXISTS lease_celery_meta (
     name  TEXT PRIMARY KEY,
@@ -28,10 +35,12 @@ INSERT INTO lease_celery_meta (name, value) VALUES ('schema_version', :version)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value
 
 -- name: claim
--- A new key starts at token 1; an existing row may be taken only when it is ready or its
+-- A new key starts at token 1 (or after its retired token); an existing row may be taken only when it is ready or its
 -- lease has expired (expires_at <= now: the boundary instant counts as expired).
 INSERT INTO lease_celery_leases (key, state, owner, token, expires_at, attempts, result, updated_at)
-VALUES (:key, 'running', :owner, 1, :expires_at, 1, NULL, :now)
+VALUES (:key, 'running', :owner,
+        COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0) + 1,
+        :expires_at, 1, NULL, :now)
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
     owner      = excluded.owner,
@@ -66,3 +75,22 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at
 FROM lease_celery_leases WHERE key = :key
+
+-- name: check_current
+-- The fencing predicate for store.fenced(); BEGIN IMMEDIATE already holds the write lock, so no
+-- claim can interleave until the caller's transaction ends.
+SELECT token FROM lease_celery_leases
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
+-- name: retire
+-- purge, step 1 (same transaction as step 2): remember the token of a row that is not held.
+INSERT INTO lease_celery_retired (key, token)
+SELECT key, token FROM lease_celery_leases
+WHERE key = :key AND (state <> 'running' OR expires_at <= :now)
+ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)
+
+-- name: purge
+-- purge, step 2: delete the row unless a live lease holds it.
+DELETE FROM lease_celery_leases
+WHERE key = :key AND (state <> 'running' OR expires_at <= :now)

@@ -1,0 +1,255 @@
+"""PostgreSQL store: the recommended store when workers span machines.
+
+Every decision is taken by the server inside one statement, on the server's clock
+(``clock_timestamp()``). One connection pool per process, made lazily in the process that uses
+it (a pool inherited through ``fork()`` is abandoned, never used or closed by the child). A
+broken connection (backend terminated, server restarted) is replaced and the operation tried
+again until ``reconnect_timeout`` runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..errors import ConfigError, LeaseLost, StoreError
+from ..models import Lease, LeaseRecord
+from .base import (
+    Clock,
+    Store,
+    check_key,
+    check_owner,
+    check_ttl,
+    encode_result,
+    fence_params,
+    number_option,
+)
+from .queries import load_queries
+
+try:
+    import psycopg
+    import psycopg_pool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ConfigError(
+        "the PostgreSQL lease store needs psycopg 3 and psycopg_pool: "
+        "pip install 'lease-celery[postgres]'") from exc
+
+__all__ = ["PostgresStore"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_T = TypeVar("_T")
+_INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
+
+#: URL options that configure the store rather than the connection.
+_OPTIONS = {"schema": "public", "pool_max": "4", "reconnect_timeout": "10"}
+
+
+class PostgresStore(Store):
+    """Lease store on PostgreSQL (``postgresql://user@host:port/db``).
+
+    URL options besides libpq's own: ``schema`` (default ``public``), ``pool_max`` (default 4
+    connections per process), ``reconnect_timeout`` (seconds, default 10). ``connect_timeout``
+    defaults to 5 seconds.
+    """
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        self.url = url
+        self._clock = clock
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        options = {name: query.pop(name, default) for name, default in _OPTIONS.items()}
+        query.setdefault("connect_timeout", "5")
+        self.schema = options["schema"]
+        if not self.schema.replace("_", "").isalnum():
+            raise ConfigError(f"postgres URL option schema={self.schema!r} must be a plain "
+                              "identifier (letters, digits, underscores)")
+        self.pool_max = _int_option(url, "pool_max", options["pool_max"])
+        self.reconnect_timeout = check_ttl(
+            number_option(url, "reconnect_timeout", options["reconnect_timeout"], 10.0),
+            name="postgres reconnect_timeout")
+        scheme = "postgresql"
+        self._conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query),
+                                     parts.fragment))
+        self._where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or ''}"
+        quoted = '"' + self.schema + '"'
+        self._q = {name: sql.replace("{schema}", quoted)
+                   for name, sql in load_queries("postgres").items()}
+        self._pool: psycopg_pool.ConnectionPool | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _connect_error(self, exc: Exception) -> StoreError:
+        return StoreError(f"postgres lease store at {self._where}: {exc}".strip())
+
+    def _get_pool(self) -> psycopg_pool.ConnectionPool:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        with self._lock:
+            if self._pool is not None and self._pid != os.getpid():
+                _INHERITED.append(self._pool)
+                self._pool = None
+            if self._pool is None:
+                # Connect once directly first: a bad host, port, password or database fails
+                # here with libpq's own message instead of a pool timeout.
+                try:
+                    with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                        self._create_schema(conn)
+                except psycopg.Error as exc:
+                    raise self._connect_error(exc) from exc
+                self._pool = psycopg_pool.ConnectionPool(
+                    self._conninfo, min_size=1, max_size=self.pool_max, open=True,
+                    kwargs={"autocommit": True}, timeout=self.reconnect_timeout,
+                    name=f"lease_celery-{os.getpid()}")
+                self._pid = os.getpid()
+            return self._pool
+
+    def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
+        # The advisory lock serialises many workers starting at once.
+        with conn.transaction():
+            conn.execute(self._q["lock_schema"])
+            if self.schema != "public":
+                conn.execute(self._q["create_schema"])
+            conn.execute(self._q["create_leases"])
+            conn.execute(self._q["create_retired"])
+            conn.execute(self._q["create_meta"])
+            row = conn.execute(self._q["get_schema_version"]).fetchone()
+            if row is None:
+                conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreError(f"postgres lease store at {self._where} has schema version "
+                                 f"{row[0]}, newer than this lease_celery ({SCHEMA_VERSION})")
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+            if pool is not None and self._pid == os.getpid():
+                pool.close()
+
+    def _run(self, operation: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        """Run ``operation`` on a pooled connection; replace broken connections and retry."""
+        started = time.perf_counter()
+        waited = 0.0  # sleeps added up: bounded even where a test freezes the clocks
+        attempt = 0
+        while True:
+            pool = self._get_pool()
+            try:
+                with pool.connection() as conn:
+                    return operation(conn)
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+                attempt += 1
+                spent = max(waited, time.perf_counter() - started)
+                if spent >= self.reconnect_timeout:
+                    raise self._connect_error(exc) from exc
+                logger.warning("postgres lease store at %s: %s; reconnecting", self._where, exc)
+                pool.check()  # drop every other broken idle connection too
+                pause = min(self.reconnect_timeout - spent,
+                            random.uniform(0.01, min(1.0, 0.05 * 2 ** attempt)))
+                time.sleep(pause)
+                waited += pause
+            except psycopg.Error as exc:
+                raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        params["now"] = self._clock() if self._clock is not None else None
+        return params
+
+    # -- contract ---------------------------------------------------------------------------
+
+    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        row = self._run(lambda conn: conn.execute(
+            self._q["claim"], self._params(key=key, owner=owner, ttl=ttl)).fetchone())
+        return None if row is None else Lease(key, owner, int(row[0]), float(row[1]))
+
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+        ttl = check_ttl(ttl)
+        if not leases:
+            return {}
+        params = [fence_params(lease) for lease in leases]
+        rows = self._run(lambda conn: conn.execute(self._q["renew_many"], self._params(
+            ttl=ttl, keys=[p["key"] for p in params], owners=[p["owner"] for p in params],
+            tokens=[p["token"] for p in params])).fetchall())
+        deadlines = {key: float(expires_at) for key, expires_at in rows}
+        return {lease.key: (Lease(lease.key, lease.owner, lease.token, deadlines[lease.key])
+                            if lease.key in deadlines else None) for lease in leases}
+
+    def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
+        return self.renew_many([lease], ttl=ttl)[lease.key]
+
+    def finish(self, lease: Lease, result: Any = None) -> bool:
+        encoded = encode_result(result)
+        params = fence_params(lease)
+        row = self._run(lambda conn: conn.execute(
+            self._q["finish"], self._params(result=encoded, **params)).fetchone())
+        return row is not None
+
+    def release(self, lease: Lease) -> bool:
+        params = fence_params(lease)
+        row = self._run(lambda conn: conn.execute(
+            self._q["release"], self._params(**params)).fetchone())
+        return row is not None
+
+    def purge(self, key: str) -> bool:
+        key = check_key(key)
+        row = self._run(lambda conn: conn.execute(
+            self._q["purge"], self._params(key=key)).fetchone())
+        return row is not None
+
+    def get(self, key: str) -> LeaseRecord | None:
+        key = check_key(key)
+        row = self._run(lambda conn: conn.execute(self._q["get"], {"key": key}).fetchone())
+        return None if row is None else LeaseRecord.from_row(row, result=row[6])
+
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        row = self._run(lambda conn: conn.execute(self._q["now"], {"now": None}).fetchone())
+        assert row is not None
+        return float(row[0])
+
+    @contextmanager
+    def fenced(self, lease: Lease) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction in which ``lease`` is verified current, under a lock on its row.
+
+        Write your own rows through the yielded connection: they commit only if the lease is
+        still current at commit (checked again then), and no claim can take the key over
+        while the transaction is open. Raises ``LeaseLost`` (and rolls back) otherwise.
+        """
+        params = fence_params(lease)
+        pool = self._get_pool()
+        try:
+            with pool.connection() as conn, conn.transaction():
+                self._verify(conn, lease, params, "before the fenced writes")
+                yield conn
+                self._verify(conn, lease, params, "at commit")
+        except psycopg.OperationalError as exc:
+            raise self._connect_error(exc) from exc
+
+    def _verify(self, conn: psycopg.Connection[Any], lease: Lease, params: dict[str, Any],
+                when: str) -> None:
+        if conn.execute(self._q["lock_current"], self._params(**params)).fetchone() is None:
+            raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
+                            f"is not current {when}; nothing was committed")
+
+
+def _int_option(url: str, name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"postgres URL option {name}={raw!r} in {url!r} must be a whole "
+                          "number >= 1")
+    return value

@@ -1,0 +1,73 @@
+-- Redis scripts (Lua, run atomically by the server). KEYS[1] is the lease hash, KEYS[2] the
+-- key's token counter, which is kept apart from the hash so that deleting (purging) a lease
+-- never lets its token restart. The clock is the server's TIME, read inside the script, unless
+-- the store was opened with an injected clock (ARGV[1] non-empty). Times are epoch seconds,
+-- written with microsecond precision ('%.6f'); numbers go back to Python as strings, because
+-- Redis truncates Lua numbers to integers in replies.
+
+-- name: clock
+local function now(injected)
+  if injected ~= '' then return tonumber(injected) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function fmt(x) return string.format('%.6f', x) end
+
+-- name: claim
+-- ARGV: injected_now, owner, ttl
+local t = now(ARGV[1])
+local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
+if state and state ~= 'ready' and not (state == 'running' and tonumber(expires_at) <= t) then
+  return false
+end
+local token = redis.call('INCR', KEYS[2])
+local deadline = fmt(t + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
+           'expires_at', deadline, 'updated_at', fmt(t))
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HDEL', KEYS[1], 'result')
+return {tostring(token), deadline}
+
+-- name: renew
+-- ARGV: injected_now, ttl, then (owner, token) per KEYS[i] (KEYS are lease hashes only)
+local t = now(ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local state, owner, token, expires_at = unpack(redis.call(
+    'HMGET', key, 'state', 'owner', 'token', 'expires_at'))
+  if state == 'running' and owner == ARGV[1 + 2 * i] and token == ARGV[2 + 2 * i]
+      and tonumber(expires_at) > t then
+    local deadline = fmt(t + tonumber(ARGV[2]))
+    redis.call('HSET', key, 'expires_at', deadline, 'updated_at', fmt(t))
+    out[i] = deadline
+  else
+    out[i] = ''
+  end
+end
+return out
+
+-- name: finish
+-- ARGV: injected_now, owner, token, new_state, result_json (or '' for none)
+local t = now(ARGV[1])
+local state, owner, token, expires_at = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
+if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
+        and tonumber(expires_at) > t) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
+return 1
+
+-- name: purge
+-- Delete the hash unless a live lease holds it; the token counter (KEYS[2]) stays.
+local t = now(ARGV[1])
+local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
+if not state or (state == 'running' and tonumber(expires_at) > t) then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
+
+-- name: now
+local t = now(ARGV[1])
+return fmt(t)
