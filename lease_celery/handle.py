@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .errors import LeaseLost
@@ -72,6 +73,17 @@ class LeaseHandle:
         if reason is not None:
             raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
                             f"is lost: {reason}; stop the protected work")
+
+    def fenced(self) -> AbstractContextManager[Any]:
+        """A transaction on the lease store in which this lease is verified current.
+
+        ``with self.lease.fenced() as conn: conn.execute(...)`` — your writes commit only if
+        the lease is still this execution's at commit; otherwise ``LeaseLost`` is raised and
+        nothing is committed. PostgreSQL and SQLite stores only (your tables must live in the
+        store's database).
+        """
+        self.check()
+        return self.store.fenced(self._lease)
 
     # -- what the heartbeat writes --------------------------------------------------------
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import REDIS_URL, require
+from tests.servers import (
+    PG_DSN,
+    REDIS_STORE_URL,
+    REDIS_URL,
+    postgres_reachable,
+    redis_reachable,
+    require,
+)
 from tests.workers import Journal, WorkerPool, client_app, worker_pool
 
 
@@ -31,22 +38,67 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL store URL on a schema of this test's own, dropped afterwards."""
+    reachable, detail = postgres_reachable()
+    require("PostgreSQL", reachable, detail)
+    import psycopg
+
+    schema = f"lease_test_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_DSN}?schema={schema}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def redis_store_url() -> Iterator[str]:
+    """A Redis store URL with a key prefix of this test's own, whose keys are deleted after."""
+    reachable, detail = redis_reachable()
+    require("Redis", reachable, detail)
+    prefix = f"lease_test_{uuid.uuid4().hex[:12]}:"
+    yield f"{REDIS_STORE_URL}?prefix={prefix}"
+    client = redis.Redis.from_url(REDIS_STORE_URL)
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+
+
+STORES = ["sqlite", "postgres", "redis"]
+
+
+@pytest.fixture(params=STORES)
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The same test body against every store: a fresh, isolated store URL of each kind."""
+    url: str = request.getfixturevalue(f"{request.param}_url" if request.param != "redis"
+                                       else "redis_store_url")
+    return url
+
+
+@pytest.fixture
+def worker_store(request: pytest.FixtureRequest) -> str:
+    """The lease store the workers share: SQLite unless the test parametrizes it indirectly."""
+    kind = getattr(request, "param", "sqlite")
+    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url"}[kind]
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+@pytest.fixture
 def workers(request: pytest.FixtureRequest, tmp_path: Path, redis_client: redis.Redis,
-            sqlite_url: str) -> Iterator[WorkerPool]:
+            worker_store: str) -> Iterator[WorkerPool]:
     """A pool of real celery workers on a queue, journal and SQLite store of this test's own.
 
     A test marked ``@pytest.mark.worker_env(LEASE_TEST_TTL="1", ...)`` overrides settings.
     """
     run = uuid.uuid4().hex[:8]
     env = {"LEASE_TEST_BROKER": REDIS_URL, "LEASE_TEST_QUEUE": f"lease-tests-{run}",
-           "LEASE_TEST_JOURNAL": f"journal-{run}", "LEASE_TEST_STORE": sqlite_url}
+           "LEASE_TEST_JOURNAL": f"journal-{run}", "LEASE_TEST_STORE": worker_store}
     marker = request.node.get_closest_marker("worker_env")
     if marker is not None:
         env.update(marker.kwargs)
     journal = Journal(redis_client, env["LEASE_TEST_JOURNAL"])
     with worker_pool(tmp_path, env, journal) as pool:
         pool.client = client_app(REDIS_URL, env["LEASE_TEST_QUEUE"])
-        pool.store_url = sqlite_url
+        pool.store_url = worker_store
         yield pool
         if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
             print(pool.logs())

@@ -21,3 +21,28 @@ def require(server: str, reachable: bool, detail: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+PG_DSN = os.environ.get("LEASE_TEST_PG", "postgresql://127.0.0.1:5432/test")
+#: Redis database for store tests (keys under a per-test prefix, deleted afterwards).
+REDIS_STORE_DB = int(os.environ.get("LEASE_TEST_REDIS_STORE_DB", "13"))
+REDIS_STORE_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_STORE_DB}"
+
+
+def postgres_reachable() -> tuple[bool, str]:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_DSN, connect_timeout=3):
+            return True, ""
+    except Exception as exc:  # any failure means: not usable for the tests
+        return False, f"{PG_DSN}: {exc}"
+
+
+def redis_reachable() -> tuple[bool, str]:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_STORE_URL, socket_connect_timeout=3).ping()
+        return True, ""
+    except redis.RedisError as exc:
+        return False, f"{REDIS_STORE_URL}: {exc}"

@@ -1,4 +1,7 @@
-"""At-least-once delivery meets the lease: real prefork workers, Redis broker, SQLite store.
+"""At-least-once delivery meets the lease: real prefork workers, Redis broker, a real store.
+
+The core scenes run twice: on the embedded SQLite store, and with two workers (different node
+names) sharing one PostgreSQL store.
 
 Every test here publishes through Redis to ``celery worker`` subprocesses with
 ``task_acks_late`` and ``task_reject_on_worker_lost`` on, and reads what happened from the
@@ -14,7 +17,7 @@ import uuid
 
 import pytest
 
-from lease_celery import LeaseState, open_store
+from lease_celery import LeaseRecord, LeaseState, open_store
 from tests.workers import WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -24,15 +27,22 @@ UNCHECKED = "tests.worker_app.unchecked"
 CALLBACK = "tests.worker_app.callback"
 
 
+def _record(workers: WorkerPool, key: str) -> LeaseRecord | None:
+    with open_store(workers.store_url) as store:
+        return store.get(key)
+
+
 def _job() -> str:
     return uuid.uuid4().hex[:10]
 
 
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     """Three publishes of one task id while the first runs: the body runs once, the result
     backend holds that run's result, and the deferred duplicates are dropped once it is done."""
-    workers.start("a", concurrency=3)
+    workers.start("a", concurrency=2)
+    workers.start("b", concurrency=2)
     job, task_id = _job(), str(uuid.uuid4())
     result = workers.client.send_task(WORK, args=(job, 3.0), task_id=task_id)
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
@@ -51,10 +61,11 @@ def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     assert len(workers.journal.events("body_start", job_id=job)) == 1
     assert result.state == "SUCCESS"
     assert result.result["token"] == 1
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None and record.state is LeaseState.DONE and record.token == 1
 
 
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4",
                         LEASE_TEST_VISIBILITY="4")
 def test_sigkilled_worker_is_taken_over_after_expiry(workers: WorkerPool) -> None:
@@ -74,13 +85,14 @@ def test_sigkilled_worker_is_taken_over_after_expiry(workers: WorkerPool) -> Non
     starts = workers.journal.events("body_start", job_id=job)
     assert [s["token"] for s in starts] == [1, 2]
     assert starts[1]["t"] >= killed_at + 1.0  # not before the dead owner's lease expired
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None
     assert (record.state, record.token, record.attempts) == (LeaseState.DONE, 2, 2)
     assert record.result == result.result
     assert len(workers.journal.events("body_end", job_id=job)) == 1
 
 
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_stalled_owner_result_is_refused_and_callback_runs_once(workers: WorkerPool) -> None:
     """An owner stalled past its ttl (SIGSTOP … SIGCONT) finishes late: its result is refused,
@@ -114,7 +126,7 @@ def test_stalled_owner_result_is_refused_and_callback_runs_once(workers: WorkerP
     assert callbacks[0]["result"]["token"] == 2
     assert result.get(timeout=10)["token"] == 2
     assert result.state == "SUCCESS"
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None and (record.state, record.token) == (LeaseState.DONE, 2)
     assert record.result["token"] == 2
 
@@ -154,7 +166,8 @@ def test_refused_renewal_makes_check_raise_lease_lost(workers: WorkerPool) -> No
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE lease_celery_leases SET expires_at = 0 WHERE key = ?",
                      (f"job:{job}",))
-    intruder = open_store(workers.store_url).claim(f"job:{job}", owner="intruder", ttl=60)
+    with open_store(workers.store_url) as store:
+        intruder = store.claim(f"job:{job}", owner="intruder", ttl=60)
     assert intruder is not None and intruder.token == 2
     workers.journal.wait_for(lambda j: bool(j.events("body_lease_lost", job_id=job)),
                              timeout=10, what="the body to see LeaseLost")
@@ -163,7 +176,7 @@ def test_refused_renewal_makes_check_raise_lease_lost(workers: WorkerPool) -> No
         timeout=10, what="the lost owner's failure to be dropped")
     assert workers.journal.events("lease_lost", key=f"job:{job}", token=1)
     assert result.state == "PENDING"  # neither FAILURE nor SUCCESS was written for token 1
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None and (record.owner, record.token) == ("intruder", 2)
 
 
@@ -179,7 +192,7 @@ def test_celery_retry_releases_and_reclaims_with_faulty_receivers(workers: Worke
     starts = workers.journal.events("body_start", job_id=job)
     assert [(s["token"], s["retries"]) for s in starts] == [(1, 0), (2, 1), (3, 2)]
     assert len(workers.journal.events("lease_released", key=f"job:{job}")) == 2
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None and (record.state, record.token) == (LeaseState.DONE, 3)
 
 
@@ -192,7 +205,7 @@ def test_non_json_result_fails_the_task_and_frees_the_key(workers: WorkerPool) -
     result = workers.client.send_task("tests.worker_app.not_json", args=(job,))
     with pytest.raises(Exception, match="JSON-serializable"):
         result.get(timeout=30)
-    record = open_store(workers.store_url).get(f"job:{job}")
+    record = _record(workers, f"job:{job}")
     assert record is not None and (record.state, record.token) == (LeaseState.READY, 1)
 
 
@@ -222,3 +235,46 @@ def test_unavailable_store_defers_the_delivery_instead_of_losing_it(
         blocker.close()
     assert result.get(timeout=30)["token"] == 1
     assert len(workers.journal.events("body_start", job_id=job)) == 1
+
+
+def _business_rows(store_url: str, job: str) -> list[int]:
+    import sqlite3
+
+    with open_store(store_url) as store:
+        if store_url.startswith("sqlite"):
+            with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+                rows = conn.execute("SELECT token FROM biz_writes WHERE job_id = ?", (job,))
+                return [token for (token,) in rows]
+        import psycopg
+
+        with psycopg.connect(store_url.split("?")[0]) as conn:
+            cursor = conn.execute(
+                f'SELECT token FROM "{store.schema}".biz_writes WHERE job_id = %s', (job,))
+            return [token for (token,) in cursor]
+
+
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
+def test_stale_worker_business_write_is_rolled_back(workers: WorkerPool) -> None:
+    """Two generations write a business row through ``self.lease.fenced()``: the fresh owner's
+    row commits; the stalled owner's write raises LeaseLost and leaves nothing behind."""
+    workers.start("a", concurrency=2)
+    workers.start("b", concurrency=2)
+    job, task_id = _job(), str(uuid.uuid4())
+    workers.client.send_task("tests.worker_app.fenced_write", args=(job, 1.0), task_id=task_id)
+    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
+                             what="the first owner to start")
+    stalled_pid = workers.journal.events("body_start", job_id=job)[0]["pid"]
+    os.kill(stalled_pid, signal.SIGSTOP)
+    try:
+        result = workers.client.send_task("tests.worker_app.fenced_write", args=(job, 0.1),
+                                          task_id=task_id)
+        workers.journal.wait_for(
+            lambda j: bool(j.events("fenced_committed", job_id=job, token=2)), timeout=30,
+            what="the fresh owner's fenced write")
+    finally:
+        os.kill(stalled_pid, signal.SIGCONT)
+    workers.journal.wait_for(lambda j: bool(j.events("fenced_refused", job_id=job, token=1)),
+                             timeout=15, what="the stale owner's fenced write to be refused")
+    assert result.get(timeout=10) == {"job_id": job, "token": 2}
+    assert _business_rows(workers.store_url, job) == [2]

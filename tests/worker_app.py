@@ -130,3 +130,27 @@ def _explode(**_: Any) -> None:
 if os.environ.get("LEASE_TEST_FAULTY_RECEIVERS"):
     for _name in ("lease_acquired", "lease_renewed", "lease_released"):
         getattr(lease_celery.signals, _name).connect(_explode, weak=False)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def fenced_write(self: LeasedTask, job_id: str, seconds: float) -> dict[str, Any]:
+    """Sleep (unchecked), then write a business row in the lease's own transaction."""
+    import sqlite3
+
+    token = self.lease.token
+    record("body_start", job_id=job_id, token=token, task_id=self.request.id)
+    time.sleep(seconds)
+    try:
+        with self.lease.fenced() as conn:
+            if isinstance(conn, sqlite3.Connection):
+                conn.execute("CREATE TABLE IF NOT EXISTS biz_writes (job_id TEXT, token INT)")
+                conn.execute("INSERT INTO biz_writes VALUES (?, ?)", (job_id, token))
+            else:
+                table = f'"{self.lease_store.schema}".biz_writes'
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (job_id text, token int)")
+                conn.execute(f"INSERT INTO {table} VALUES (%s, %s)", (job_id, token))
+    except LeaseLost as exc:
+        record("fenced_refused", job_id=job_id, token=token, reason=str(exc))
+        raise
+    record("fenced_committed", job_id=job_id, token=token)
+    return {"job_id": job_id, "token": token}
