@@ -1,0 +1,96 @@
+"""The heartbeat: one thread per process renewing held leases, and reporting losses honestly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from lease_celery import LeaseLost, open_store, signals
+from lease_celery.handle import LeaseHandle
+from lease_celery.heartbeat import Heartbeat
+from lease_celery.stores.base import Store
+from tests.proxy import cuttable_proxy
+
+
+def _watched(store: Store, key: str, *, ttl: float, interval: float) -> LeaseHandle:
+    sent_at = time.monotonic()
+    lease = store.claim(key, owner="heartbeat-test", ttl=ttl)
+    assert lease is not None
+    handle = LeaseHandle(lease, store=store, ttl=ttl, heartbeat_interval=interval,
+                         sent_at=sent_at)
+    Heartbeat.for_process().watch(handle)
+    return handle
+
+
+class LostSignals:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.event = threading.Event()
+
+    def __call__(self, sender: Any = None, reason: str = "", **_: Any) -> None:
+        self.reasons.append(reason)
+        self.event.set()
+
+
+@pytest.fixture
+def lost_signals() -> Any:
+    receiver = LostSignals()
+    signals.lease_lost.connect(receiver, weak=False)
+    yield receiver
+    signals.lease_lost.disconnect(receiver)
+
+
+def test_heartbeat_keeps_a_lease_alive_well_past_its_ttl(store_url: str) -> None:
+    """With ttl 0.6 s and renewals every 0.15 s, the lease is still held (and its store-side
+    deadline keeps moving) after 2.5 s; no other owner can claim it meanwhile."""
+    with open_store(store_url) as store:
+        handle = _watched(store, "hb:alive", ttl=0.6, interval=0.15)
+        first_deadline = handle.expires_at
+        try:
+            time.sleep(2.5)
+            handle.check()
+            assert handle.expires_at > first_deadline + 1.5
+            assert store.claim("hb:alive", owner="other", ttl=1) is None
+            assert store.finish(handle.lease, "ok")
+        finally:
+            Heartbeat.for_process().unwatch(handle)
+
+
+def test_refused_renewal_marks_the_lease_lost_and_signals(
+        store_url: str, lost_signals: LostSignals) -> None:
+    """Once the store refuses a renewal (the key was taken over), the handle is lost at once:
+    ``check()`` raises LeaseLost and lease_lost fires with the reason."""
+    t = [1_000.0]
+    with open_store(store_url, clock=lambda: t[0]) as store:
+        handle = _watched(store, "hb:refused", ttl=30, interval=0.1)
+        t[0] += 30  # the lease expires on the store's (injected) clock …
+        assert store.claim("hb:refused", owner="usurper", ttl=30) is not None  # … and is taken
+        assert lost_signals.event.wait(5)
+        assert "refused" in lost_signals.reasons[0]
+        with pytest.raises(LeaseLost, match="renewal refused"):
+            handle.check()
+
+
+def test_unreachable_postgres_reports_the_lease_lost_by_its_deadline(
+        postgres_url: str, lost_signals: LostSignals) -> None:
+    """The PostgreSQL server goes out of reach (every connection dropped, new ones refused):
+    the heartbeat cannot renew, so by the lease's deadline ``check()`` raises and lease_lost
+    fires. It never assumes it still holds the lease."""
+    query = postgres_url.partition("?")[2]
+    with cuttable_proxy("127.0.0.1", 5432) as proxy:
+        url = f"postgresql://127.0.0.1:{proxy.port}/test?{query}&reconnect_timeout=0.5"
+        with open_store(url) as store:
+            handle = _watched(store, "hb:unreachable", ttl=1.5, interval=0.3)
+            time.sleep(0.5)
+            handle.check()  # renewed at least once through the proxy
+            proxy.cut()
+            cut_at = time.monotonic()
+            assert lost_signals.event.wait(10), "lease_lost was never sent"
+            with pytest.raises(LeaseLost, match=r"no renewal succeeded|unreachable"):
+                handle.check()
+            # Lost no later than a few retries after the deadline it could have held to.
+            assert time.monotonic() - cut_at < 1.5 + 3
+    assert "unreachable" in lost_signals.reasons[0]
