@@ -1,6 +1,7 @@
 """lease_celery: database-backed ownership leases with fencing for Celery tasks."""
 
 from . import signals
+from .effects import Effects, fingerprint
 from .errors import (
     ConfigError,
     EffectConflict,
@@ -9,12 +10,15 @@ from .errors import (
     LeaseError,
     LeaseHeld,
     LeaseLost,
+    PayloadNotSerializable,
     ResultNotSerializable,
+    StaleFence,
     StoreBusy,
     StoreError,
 )
+from .fencing import FenceGate
 from .handle import LeaseHandle
-from .models import Lease, LeaseRecord, LeaseState
+from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
 from .settings import LeaseSettings
 from .stores import Store, open_store
 from .task import LeasedTask
@@ -23,6 +27,9 @@ __all__ = [
     "ConfigError",
     "EffectConflict",
     "EffectOutcomeUnknown",
+    "EffectState",
+    "Effects",
+    "FenceGate",
     "InvalidKey",
     "Lease",
     "LeaseError",
@@ -33,10 +40,14 @@ __all__ = [
     "LeaseSettings",
     "LeaseState",
     "LeasedTask",
+    "PayloadNotSerializable",
+    "Receipt",
     "ResultNotSerializable",
+    "StaleFence",
     "Store",
     "StoreBusy",
     "StoreError",
+    "fingerprint",
     "open_store",
     "signals",
 ]

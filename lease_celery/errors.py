@@ -15,7 +15,9 @@ __all__ = [
     "LeaseError",
     "LeaseHeld",
     "LeaseLost",
+    "PayloadNotSerializable",
     "ResultNotSerializable",
+    "StaleFence",
     "StoreBusy",
     "StoreError",
 ]
@@ -42,6 +44,14 @@ class InvalidKey(LeaseError, ValueError):
 
 class ResultNotSerializable(LeaseError, TypeError):
     """The task result cannot be stored: lease results must be JSON-serializable."""
+
+
+class PayloadNotSerializable(LeaseError, TypeError):
+    """The effect payload cannot be fingerprinted: it must be JSON-serializable."""
+
+
+class StaleFence(LeaseLost):
+    """The resource has already accepted a write with a higher fence: this lease is superseded."""
 
 
 class ConfigError(LeaseError, ValueError):

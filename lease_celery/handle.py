@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -58,6 +59,11 @@ class LeaseHandle:
         return self._lease.expires_at
 
     @property
+    def fence(self) -> int:
+        """The store-wide fence of this claim, for a resource's ``FenceGate``."""
+        return self._lease.fence
+
+    @property
     def lost(self) -> bool:
         return self._lost_reason is not None or time.monotonic() >= self._local_deadline
 
@@ -84,6 +90,16 @@ class LeaseHandle:
         """
         self.check()
         return self.store.fenced(self._lease)
+
+    def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
+               retry_same_key: bool = False, wait: float = 0.0) -> Any:
+        """Perform an outside action at most once per business ``key`` (see ``Effects.once``).
+
+        Checks the lease first: a worker that lost its lease does not start new actions.
+        """
+        self.check()
+        return self.store.effects.once(key, payload, fn, lease=self._lease,
+                                       retry_same_key=retry_same_key, wait=wait)
 
     # -- what the heartbeat writes --------------------------------------------------------
 

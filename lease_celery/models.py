@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lease", "LeaseRecord", "LeaseState"]
+__all__ = ["EffectState", "Lease", "LeaseRecord", "LeaseState", "Receipt"]
 
 
 class LeaseState(str, enum.Enum):
@@ -28,13 +28,16 @@ class Lease:
     """Proof of one successful claim: what renew, finish and release are checked against.
 
     ``token`` is the claim's generation on this key (+1 per successful claim, never reused);
-    ``expires_at`` is the deadline on the store's clock in epoch seconds.
+    ``expires_at`` is the deadline on the store's clock in epoch seconds; ``fence`` is a
+    store-wide number that grows with every claim on any key, so leases of different keys can
+    be ordered (see :class:`~lease_celery.FenceGate`).
     """
 
     key: str
     owner: str
     token: int
     expires_at: float
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,50 @@ class LeaseRecord:
     attempts: int
     result: Any = None
     updated_at: float | None = None
+    fence: int = 0
 
     @classmethod
     def from_row(cls, row: Sequence[Any], *, result: Any) -> LeaseRecord:
-        """Build from ``(key, state, owner, token, expires_at, attempts, _, updated_at)``."""
+        """Build from ``(key, state, owner, token, expires_at, attempts, _, updated_at, fence)``."""
         return cls(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
                    expires_at=None if row[4] is None else float(row[4]),
                    attempts=int(row[5]), result=result,
-                   updated_at=None if row[7] is None else float(row[7]))
+                   updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]))
+
+
+class EffectState(str, enum.Enum):
+    """Where an effect receipt stands.
+
+    ``in_flight``: the action was started and its outcome is not recorded yet. ``done``: it
+    happened; the result is recorded. ``needs_reconciliation``: an attempt may or may not have
+    happened; a person must look (``effects.resolve`` / ``effects.discard``).
+    """
+
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    NEEDS_RECONCILIATION = "needs_reconciliation"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The record of one outside action, keyed by a stable business key."""
+
+    key: str
+    fingerprint: str
+    state: EffectState
+    lease_key: str | None
+    lease_token: int | None
+    lease_owner: str | None
+    started_at: float
+    attempts: int
+    result: Any
+    version: int
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, result: Any) -> Receipt:
+        """Build from the column order of the effects table (see the SQL files)."""
+        return cls(key=row[0], fingerprint=row[1], state=EffectState(row[2]), lease_key=row[3],
+                   lease_token=None if row[4] is None else int(row[4]), lease_owner=row[5],
+                   started_at=float(row[6]), attempts=int(row[7]), result=result,
+                   version=int(row[9]), updated_at=float(row[10]))

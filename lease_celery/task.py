@@ -21,7 +21,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from . import signals
-from .errors import LeaseHeld, ResultNotSerializable, StoreError
+from .errors import LeaseError, LeaseHeld, ResultNotSerializable, StoreError
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
@@ -101,6 +101,16 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def lease(self) -> LeaseHandle | None:
         """The lease this execution holds (``None`` outside the task body)."""
         return getattr(self.request, "lease", None)
+
+    def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
+               retry_same_key: bool = False, wait: float = 0.0) -> Any:
+        """Perform an outside action at most once per business ``key``; replays return the
+        recorded result. ``fn`` receives the key (pass it on as the target's idempotency key).
+        See :meth:`lease_celery.effects.Effects.once`."""
+        handle = self.lease
+        if handle is None:
+            raise LeaseError("self.effect() is only available inside a LeasedTask body")
+        return handle.effect(key, payload, fn, retry_same_key=retry_same_key, wait=wait)
 
     @property
     def lease_settings(self) -> LeaseSettings:

@@ -13,11 +13,14 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, InvalidKey, ResultNotSerializable, StoreError
-from ..models import Lease, LeaseRecord
+from ..models import EffectState, Lease, LeaseRecord, Receipt
+
+if TYPE_CHECKING:
+    from ..effects import Effects
 
 __all__ = ["MAX_KEY_LENGTH", "Clock", "Store", "encode_result", "open_store", "register_scheme"]
 
@@ -115,6 +118,45 @@ class Store(abc.ABC):
         raise StoreError(f"{type(self).__name__} cannot run your writes in the lease's "
                          "transaction; use the PostgreSQL or SQLite store for fenced writes")
 
+    # -- effect receipts: lease_celery.effects builds its logic on these five primitives ------
+
+    @property
+    def effects(self) -> Effects:
+        """Idempotent receipts for outside actions, kept in this store (see ``Effects``)."""
+        from ..effects import Effects
+
+        effects: Effects | None = self.__dict__.get("_effects")
+        if effects is None:
+            effects = self.__dict__["_effects"] = Effects(self)
+        return effects
+
+    @abc.abstractmethod
+    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
+        """Create an ``in_flight`` receipt (version 1, attempts 1, started now) for ``lease``.
+
+        Atomic insert-if-absent: returns False, changing nothing, if ``key`` has a receipt.
+        """
+
+    @abc.abstractmethod
+    def effect_get(self, key: str) -> Receipt | None:
+        """Return the receipt for ``key``, or ``None``."""
+
+    @abc.abstractmethod
+    def effect_update(self, key: str, *, version: int, state: EffectState,
+                      result: str | None) -> bool:
+        """Set ``state`` and ``result`` (JSON text or None) if the receipt is at ``version``.
+
+        One conditional write; the version grows by one. False (nothing written) otherwise.
+        """
+
+    @abc.abstractmethod
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+        """Start a new attempt: ``in_flight`` for ``lease``, attempts + 1, if at ``version``."""
+
+    @abc.abstractmethod
+    def effect_delete(self, key: str, *, version: int) -> bool:
+        """Delete the receipt if it is at ``version``."""
+
     @abc.abstractmethod
     def now(self) -> float:
         """Return the store's current time (the authority clock), in epoch seconds."""
@@ -170,6 +212,13 @@ def fence_params(lease: Lease) -> dict[str, Any]:
     if not isinstance(lease, Lease):
         raise TypeError(f"expected a Lease, got {type(lease).__name__}: {lease!r}")
     return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+
+
+def lease_params(lease: Lease | None) -> dict[str, Any]:
+    """The columns that record which lease started an effect (all None without a lease)."""
+    if lease is None:
+        return {"lease_key": None, "lease_token": None, "lease_owner": None}
+    return {"lease_key": lease.key, "lease_token": lease.token, "lease_owner": lease.owner}
 
 
 def number_option(url: str, name: str, raw: str | None, default: float) -> float:

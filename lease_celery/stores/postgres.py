@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
-from ..models import Lease, LeaseRecord
+from ..models import EffectState, Lease, LeaseRecord, Receipt
 from .base import (
     Clock,
     Store,
@@ -29,6 +29,7 @@ from .base import (
     check_ttl,
     encode_result,
     fence_params,
+    lease_params,
     number_option,
 )
 from .queries import load_queries
@@ -123,6 +124,8 @@ class PostgresStore(Store):
                 conn.execute(self._q["create_schema"])
             conn.execute(self._q["create_leases"])
             conn.execute(self._q["create_retired"])
+            conn.execute(self._q["create_effects"])
+            conn.execute(self._q["create_fence"])
             conn.execute(self._q["create_meta"])
             row = conn.execute(self._q["get_schema_version"]).fetchone()
             if row is None:
@@ -171,7 +174,7 @@ class PostgresStore(Store):
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
         row = self._run(lambda conn: conn.execute(
             self._q["claim"], self._params(key=key, owner=owner, ttl=ttl)).fetchone())
-        return None if row is None else Lease(key, owner, int(row[0]), float(row[1]))
+        return None if row is None else Lease(key, owner, int(row[0]), float(row[1]), int(row[2]))
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
         ttl = check_ttl(ttl)
@@ -182,7 +185,8 @@ class PostgresStore(Store):
             ttl=ttl, keys=[p["key"] for p in params], owners=[p["owner"] for p in params],
             tokens=[p["token"] for p in params])).fetchall())
         deadlines = {key: float(expires_at) for key, expires_at in rows}
-        return {lease.key: (Lease(lease.key, lease.owner, lease.token, deadlines[lease.key])
+        return {lease.key: (Lease(lease.key, lease.owner, lease.token, deadlines[lease.key],
+                                  lease.fence)
                             if lease.key in deadlines else None) for lease in leases}
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
@@ -218,6 +222,33 @@ class PostgresStore(Store):
         row = self._run(lambda conn: conn.execute(self._q["now"], {"now": None}).fetchone())
         assert row is not None
         return float(row[0])
+
+    # -- effect receipts --------------------------------------------------------------------
+
+    def _returns_row(self, query: str, **params: Any) -> bool:
+        return self._run(lambda conn: conn.execute(
+            self._q[query], self._params(**params)).fetchone()) is not None
+
+    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
+        return self._returns_row("effect_insert", key=check_key(key), fingerprint=fingerprint,
+                                 **lease_params(lease))
+
+    def effect_get(self, key: str) -> Receipt | None:
+        key = check_key(key)
+        row = self._run(lambda conn: conn.execute(self._q["effect_get"], {"key": key}).fetchone())
+        return None if row is None else Receipt.from_row(row, result=row[8])
+
+    def effect_update(self, key: str, *, version: int, state: EffectState,
+                      result: str | None) -> bool:
+        return self._returns_row("effect_update", key=key, version=version, state=state.value,
+                                 result=result)
+
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+        return self._returns_row("effect_restart", key=key, version=version,
+                                 **lease_params(lease))
+
+    def effect_delete(self, key: str, *, version: int) -> bool:
+        return self._returns_row("effect_delete", key=key, version=version)
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[psycopg.Connection[Any]]:

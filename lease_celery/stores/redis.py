@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
-from ..models import Lease, LeaseRecord, LeaseState
+from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
 from .base import (
     Clock,
     Store,
@@ -28,6 +28,7 @@ from .base import (
     decode_result,
     encode_result,
     fence_params,
+    lease_params,
 )
 from .queries import load_queries
 
@@ -88,11 +89,12 @@ class RedisStore(Store):
 
     def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
-        reply = self._call("claim", self._keys(key), [owner, repr(ttl)])
+        reply = self._call("claim", [*self._keys(key), f"{self.prefix}fence"],
+                           [owner, repr(ttl)])
         if not reply:
             return None
-        token, deadline = reply
-        return Lease(key, owner, int(token), float(deadline))
+        token, deadline, fence = reply
+        return Lease(key, owner, int(token), float(deadline), int(fence))
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
         ttl = check_ttl(ttl)
@@ -103,7 +105,8 @@ class RedisStore(Store):
             params = fence_params(lease)
             args += [params["owner"], str(params["token"])]
         reply = self._call("renew", [self._keys(lease.key)[0] for lease in leases], args)
-        return {lease.key: (Lease(lease.key, lease.owner, lease.token, float(deadline))
+        return {lease.key: (Lease(lease.key, lease.owner, lease.token, float(deadline),
+                                  lease.fence)
                             if deadline else None)
                 for lease, deadline in zip(leases, reply, strict=True)}
 
@@ -137,7 +140,48 @@ class RedisStore(Store):
                            token=int(row["token"]), expires_at=float(row["expires_at"]),
                            attempts=int(row.get("attempts", 0)),
                            result=decode_result(row.get("result")),
-                           updated_at=float(row["updated_at"]))
+                           updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)))
+
+    # -- effect receipts --------------------------------------------------------------------
+
+    def _effect_key(self, key: str) -> list[str]:
+        return [f"{self.prefix}effect:{check_key(key)}"]
+
+    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
+        who = lease_params(lease)
+        return bool(self._call("effect_insert", self._effect_key(key), [
+            fingerprint, who["lease_key"] or "", "" if lease is None else str(lease.token),
+            who["lease_owner"] or ""]))
+
+    def effect_get(self, key: str) -> Receipt | None:
+        try:
+            row = self._client.hgetall(self._effect_key(key)[0])
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+        if not row:
+            return None
+        f = {str(k): str(v) for k, v in row.items()}
+        return Receipt(key=key, fingerprint=f["fingerprint"], state=EffectState(f["state"]),
+                       lease_key=f["lease_key"] or None,
+                       lease_token=int(f["lease_token"]) if f["lease_token"] else None,
+                       lease_owner=f["lease_owner"] or None,
+                       started_at=float(f["started_at"]), attempts=int(f["attempts"]),
+                       result=decode_result(f.get("result")), version=int(f["version"]),
+                       updated_at=float(f["updated_at"]))
+
+    def effect_update(self, key: str, *, version: int, state: EffectState,
+                      result: str | None) -> bool:
+        return bool(self._call("effect_update", self._effect_key(key),
+                               [str(version), state.value, result or ""]))
+
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+        who = lease_params(lease)
+        return bool(self._call("effect_restart", self._effect_key(key), [
+            str(version), who["lease_key"] or "", "" if lease is None else str(lease.token),
+            who["lease_owner"] or ""]))
+
+    def effect_delete(self, key: str, *, version: int) -> bool:
+        return bool(self._call("effect_delete", self._effect_key(key), [str(version)]))
 
     def now(self) -> float:
         return float(self._call("now", [], []))

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
-from ..models import Lease, LeaseRecord
+from ..models import EffectState, Lease, LeaseRecord, Receipt
 from .base import (
     Clock,
     Store,
@@ -30,6 +30,7 @@ from .base import (
     decode_result,
     encode_result,
     fence_params,
+    lease_params,
     number_option,
 )
 from .queries import load_queries
@@ -130,6 +131,9 @@ class SQLiteStore(Store):
         try:
             conn.execute(_Q["create_leases"])
             conn.execute(_Q["create_retired"])
+            conn.execute(_Q["create_effects"])
+            conn.execute(_Q["create_fence"])
+            conn.execute(_Q["init_fence"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
             if row is None:
@@ -198,7 +202,10 @@ class SQLiteStore(Store):
         def body(conn: sqlite3.Connection, now: float) -> Lease | None:
             row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
                                              "expires_at": now + ttl}).fetchone()
-            return None if row is None else Lease(key, owner, int(row[0]), float(row[1]))
+            if row is None:
+                return None
+            conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
+            return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]))
 
         return self._write(body)
 
@@ -216,7 +223,7 @@ class SQLiteStore(Store):
                 row = conn.execute(_Q["renew"], {**fence_params(lease), "now": now,
                                                  "expires_at": now + ttl}).fetchone()
                 renewed[lease.key] = None if row is None else Lease(
-                    lease.key, lease.owner, lease.token, float(row[0]))
+                    lease.key, lease.owner, lease.token, float(row[0]), lease.fence)
             return renewed
 
         return self._write(body)
@@ -248,6 +255,35 @@ class SQLiteStore(Store):
 
     def now(self) -> float:
         return self._now()
+
+    # -- effect receipts --------------------------------------------------------------------
+
+    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
+        params = {"key": check_key(key), "fingerprint": fingerprint, **lease_params(lease)}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["effect_insert"], {**params, "now": now}).rowcount == 1)
+
+    def effect_get(self, key: str) -> Receipt | None:
+        key = check_key(key)
+        with self._lock:
+            row = self._retry_busy(
+                lambda: self._connection().execute(_Q["effect_get"], {"key": key}).fetchone())
+        return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
+
+    def effect_update(self, key: str, *, version: int, state: EffectState,
+                      result: str | None) -> bool:
+        params = {"key": key, "version": version, "state": state.value, "result": result}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["effect_update"], {**params, "now": now}).rowcount == 1)
+
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+        params = {"key": key, "version": version, **lease_params(lease)}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["effect_restart"], {**params, "now": now}).rowcount == 1)
+
+    def effect_delete(self, key: str, *, version: int) -> bool:
+        return self._write(lambda conn, now: conn.execute(
+            _Q["effect_delete"], {"key": key, "version": version}).rowcount == 1)
 
     def _now(self) -> float:
         # time.time is looked up at each call, not bound at open, so freezegun (which patches

@@ -18,14 +18,37 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
     expires_at  double precision,
     attempts    integer          NOT NULL DEFAULT 0,
     result      jsonb,
-    updated_at  double precision NOT NULL
+    updated_at  double precision NOT NULL,
+    fence       bigint           NOT NULL DEFAULT 0
 )
+
+-- name: create_fence
+-- The store-wide fence: a sequence, drawn by every claim (gaps are harmless, order is not lost).
+CREATE SEQUENCE IF NOT EXISTS {schema}.lease_celery_fence
 
 -- name: create_retired
 -- The last token of every purged key: a re-created key continues from it, never from 1.
 CREATE TABLE IF NOT EXISTS {schema}.lease_celery_retired (
     key    text   PRIMARY KEY,
     token  bigint NOT NULL
+)
+
+-- name: create_effects
+-- Effect receipts (lease_celery.effects): one row per business key. Every change bumps
+-- version, and every change is conditional on the version the caller read.
+CREATE TABLE IF NOT EXISTS {schema}.lease_celery_effects (
+    key          text             PRIMARY KEY,
+    fingerprint  text             NOT NULL,
+    state        text             NOT NULL
+                 CHECK (state IN ('in_flight', 'done', 'needs_reconciliation')),
+    lease_key    text,
+    lease_token  bigint,
+    lease_owner  text,
+    started_at   double precision NOT NULL,
+    attempts     integer          NOT NULL,
+    result       jsonb,
+    version      bigint           NOT NULL,
+    updated_at   double precision NOT NULL
 )
 
 -- name: create_meta
@@ -53,11 +76,11 @@ WITH clock AS (
                     extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 INSERT INTO {schema}.lease_celery_leases AS l
-       (key, state, owner, token, expires_at, attempts, result, updated_at)
+       (key, state, owner, token, expires_at, attempts, result, updated_at, fence)
 SELECT %(key)s, 'running', %(owner)s,
        COALESCE((SELECT r.token FROM {schema}.lease_celery_retired AS r WHERE r.key = %(key)s),
                 0) + 1,
-       clock.now + %(ttl)s, 1, NULL, clock.now
+       clock.now + %(ttl)s, 1, NULL, clock.now, nextval('{schema}.lease_celery_fence')
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
@@ -66,9 +89,10 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at = EXCLUDED.expires_at,
     attempts   = l.attempts + 1,
     result     = NULL,
-    updated_at = EXCLUDED.updated_at
+    updated_at = EXCLUDED.updated_at,
+    fence      = EXCLUDED.fence
 WHERE l.state = 'ready' OR (l.state = 'running' AND l.expires_at <= EXCLUDED.updated_at)
-RETURNING token, expires_at
+RETURNING token, expires_at, fence
 
 -- name: renew_many
 -- Each (key, owner, token) is renewed only while running, its own, and not expired.
@@ -119,7 +143,7 @@ WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.toke
 FOR UPDATE
 
 -- name: get
-SELECT key, state, owner, token, expires_at, attempts, result, updated_at
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
 FROM {schema}.lease_celery_leases WHERE key = %(key)s
 
 -- name: purge
@@ -137,3 +161,38 @@ INSERT INTO {schema}.lease_celery_retired AS r (key, token)
 SELECT key, token FROM gone
 ON CONFLICT (key) DO UPDATE SET token = GREATEST(r.token, EXCLUDED.token)
 RETURNING r.token
+
+-- name: effect_insert
+INSERT INTO {schema}.lease_celery_effects
+       (key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+        result, version, updated_at)
+SELECT %(key)s, %(fingerprint)s, 'in_flight', %(lease_key)s, %(lease_token)s, %(lease_owner)s,
+       clock.now, 1, NULL, 1, clock.now
+FROM (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now) AS clock
+ON CONFLICT (key) DO NOTHING
+RETURNING key
+
+-- name: effect_get
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM {schema}.lease_celery_effects WHERE key = %(key)s
+
+-- name: effect_update
+UPDATE {schema}.lease_celery_effects
+SET state = %(state)s, result = %(result)s::jsonb, version = version + 1,
+    updated_at = COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
+WHERE key = %(key)s AND version = %(version)s
+RETURNING key
+
+-- name: effect_restart
+UPDATE {schema}.lease_celery_effects AS e
+SET state = 'in_flight', lease_key = %(lease_key)s, lease_token = %(lease_token)s,
+    lease_owner = %(lease_owner)s, started_at = clock.now, attempts = e.attempts + 1,
+    version = e.version + 1, updated_at = clock.now
+FROM (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now) AS clock
+WHERE e.key = %(key)s AND e.version = %(version)s
+RETURNING e.key
+
+-- name: effect_delete
+DELETE FROM {schema}.lease_celery_effects WHERE key = %(key)s AND version = %(version)s
+RETURNING key

@@ -14,19 +14,20 @@ end
 local function fmt(x) return string.format('%.6f', x) end
 
 -- name: claim
--- ARGV: injected_now, owner, ttl
+-- KEYS: lease hash, token counter, store-wide fence counter. ARGV: injected_now, owner, ttl
 local t = now(ARGV[1])
 local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
 if state and state ~= 'ready' and not (state == 'running' and tonumber(expires_at) <= t) then
   return false
 end
 local token = redis.call('INCR', KEYS[2])
+local fence = redis.call('INCR', KEYS[3])  -- the store-wide fence
 local deadline = fmt(t + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
-           'expires_at', deadline, 'updated_at', fmt(t))
+           'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence)
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HDEL', KEYS[1], 'result')
-return {tostring(token), deadline}
+return {tostring(token), deadline, tostring(fence)}
 
 -- name: renew
 -- ARGV: injected_now, ttl, then (owner, token) per KEYS[i] (KEYS are lease hashes only)
@@ -66,6 +67,41 @@ local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_
 if not state or (state == 'running' and tonumber(expires_at) > t) then
   return 0
 end
+return redis.call('DEL', KEYS[1])
+
+-- name: effect_insert
+-- KEYS[1]: the receipt hash. ARGV: injected_now, fingerprint, lease_key, lease_token,
+-- lease_owner ('' for none).
+local t = now(ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[2], 'state', 'in_flight', 'lease_key', ARGV[3],
+           'lease_token', ARGV[4], 'lease_owner', ARGV[5], 'started_at', fmt(t),
+           'attempts', 1, 'version', 1, 'updated_at', fmt(t))
+return 1
+
+-- name: effect_update
+-- ARGV: injected_now, version, state, result_json ('' for none). Only if version matches.
+local t = now(ARGV[1])
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'updated_at', fmt(t))
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[4])
+else redis.call('HDEL', KEYS[1], 'result') end
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+return 1
+
+-- name: effect_restart
+-- ARGV: injected_now, version, lease_key, lease_token, lease_owner. Only if version matches.
+local t = now(ARGV[1])
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'in_flight', 'lease_key', ARGV[3], 'lease_token', ARGV[4],
+           'lease_owner', ARGV[5], 'started_at', fmt(t), 'updated_at', fmt(t))
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+return 1
+
+-- name: effect_delete
+-- ARGV: injected_now, version. Only if version matches.
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
 return redis.call('DEL', KEYS[1])
 
 -- name: now

@@ -11,14 +11,45 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
     expires_at  REAL,
     attempts    INTEGER NOT NULL DEFAULT 0,
     result      TEXT,
-    updated_at  REAL    NOT NULL
+    updated_at  REAL    NOT NULL,
+    fence       INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID
+
+-- name: create_fence
+-- The store-wide fence: one counter, bumped in the same transaction as every claim.
+CREATE TABLE IF NOT EXISTS lease_celery_fence (
+    id     INTEGER PRIMARY KEY CHECK (id = 1),
+    value  INTEGER NOT NULL
+)
+
+-- name: init_fence
+INSERT INTO lease_celery_fence (id, value) VALUES (1, 0) ON CONFLICT (id) DO NOTHING
+
+-- name: bump_fence
+UPDATE lease_celery_fence SET value = value + 1 WHERE id = 1
 
 -- name: create_retired
 -- The last token of every purged key: a re-created key continues from it, never from 1.
 CREATE TABLE IF NOT EXISTS lease_celery_retired (
     key    TEXT    PRIMARY KEY,
     token  INTEGER NOT NULL
+) WITHOUT ROWID
+
+-- name: create_effects
+-- Effect receipts (lease_celery.effects): one row per business key. Every change bumps
+-- version, and every change is conditional on the version the caller read.
+CREATE TABLE IF NOT EXISTS lease_celery_effects (
+    key          TEXT    PRIMARY KEY,
+    fingerprint  TEXT    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('in_flight', 'done', 'needs_reconciliation')),
+    lease_key    TEXT,
+    lease_token  INTEGER,
+    lease_owner  TEXT,
+    started_at   REAL    NOT NULL,
+    attempts     INTEGER NOT NULL,
+    result       TEXT,
+    version      INTEGER NOT NULL,
+    updated_at   REAL    NOT NULL
 ) WITHOUT ROWID
 
 -- name: create_meta
@@ -37,10 +68,11 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value
 -- name: claim
 -- A new key starts at token 1 (or after its retired token); an existing row may be taken only when it is ready or its
 -- lease has expired (expires_at <= now: the boundary instant counts as expired).
-INSERT INTO lease_celery_leases (key, state, owner, token, expires_at, attempts, result, updated_at)
+INSERT INTO lease_celery_leases
+       (key, state, owner, token, expires_at, attempts, result, updated_at, fence)
 VALUES (:key, 'running', :owner,
         COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0) + 1,
-        :expires_at, 1, NULL, :now)
+        :expires_at, 1, NULL, :now, (SELECT value + 1 FROM lease_celery_fence WHERE id = 1))
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
     owner      = excluded.owner,
@@ -48,10 +80,11 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at = excluded.expires_at,
     attempts   = lease_celery_leases.attempts + 1,
     result     = NULL,
-    updated_at = excluded.updated_at
+    updated_at = excluded.updated_at,
+    fence      = excluded.fence
 WHERE lease_celery_leases.state = 'ready'
    OR (lease_celery_leases.state = 'running' AND lease_celery_leases.expires_at <= :now)
-RETURNING token, expires_at
+RETURNING token, expires_at, fence
 
 -- name: renew
 UPDATE lease_celery_leases
@@ -73,7 +106,7 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
 -- name: get
-SELECT key, state, owner, token, expires_at, attempts, result, updated_at
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
 FROM lease_celery_leases WHERE key = :key
 
 -- name: check_current
@@ -94,3 +127,30 @@ ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)
 -- purge, step 2: delete the row unless a live lease holds it.
 DELETE FROM lease_celery_leases
 WHERE key = :key AND (state <> 'running' OR expires_at <= :now)
+
+-- name: effect_insert
+INSERT INTO lease_celery_effects (key, fingerprint, state, lease_key, lease_token, lease_owner,
+                                  started_at, attempts, result, version, updated_at)
+VALUES (:key, :fingerprint, 'in_flight', :lease_key, :lease_token, :lease_owner,
+        :now, 1, NULL, 1, :now)
+ON CONFLICT (key) DO NOTHING
+
+-- name: effect_get
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM lease_celery_effects WHERE key = :key
+
+-- name: effect_update
+UPDATE lease_celery_effects
+SET state = :state, result = :result, version = version + 1, updated_at = :now
+WHERE key = :key AND version = :version
+
+-- name: effect_restart
+UPDATE lease_celery_effects
+SET state = 'in_flight', lease_key = :lease_key, lease_token = :lease_token,
+    lease_owner = :lease_owner, started_at = :now, attempts = attempts + 1,
+    version = version + 1, updated_at = :now
+WHERE key = :key AND version = :version
+
+-- name: effect_delete
+DELETE FROM lease_celery_effects WHERE key = :key AND version = :version

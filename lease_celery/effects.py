@@ -1,0 +1,190 @@
+"""Receipts for outside actions: at most one performance per business key, honestly recorded.
+
+A lease decides whose *result* is accepted; it cannot un-send an email. An outside action gets
+a stable business key chosen by the caller (``publish:report:42:v1``, never the lease token,
+which changes on every takeover) and a fingerprint of its payload. The receipt is written
+``in_flight`` before the action runs (outside any transaction) and ``done`` with its result
+after. A replay of a ``done`` key returns the recorded result without acting again. A replay
+that finds an ``in_flight`` receipt whose lease is no longer current cannot know whether the
+action happened: unless the action is declared safe to repeat with the same key
+(``retry_same_key=True``, for targets that honour an idempotency key), the receipt becomes
+``needs_reconciliation`` and ``EffectOutcomeUnknown`` is raised: never a blind resend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import (
+    EffectConflict,
+    EffectOutcomeUnknown,
+    LeaseError,
+    LeaseHeld,
+    PayloadNotSerializable,
+    ResultNotSerializable,
+)
+from .models import EffectState, Lease, LeaseState, Receipt
+from .stores.base import Store, check_key, check_ttl, encode_result
+
+__all__ = ["Effects", "fingerprint"]
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: How long an ``in_flight`` receipt started without a lease counts as in progress.
+DEFAULT_IN_FLIGHT_TIMEOUT = 300.0
+
+
+def fingerprint(payload: Any) -> str:
+    """SHA-256 of the payload's canonical JSON (sorted keys, no spaces, UTF-8)."""
+    try:
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadNotSerializable(
+            f"effect payloads must be JSON-serializable; {type(payload).__name__} is not ({exc})"
+        ) from exc
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class Effects:
+    """Receipts kept in one lease store: ``store.effects``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def once(self, key: str, payload: Any, fn: Callable[[str], _T], *,
+             lease: Lease | None = None, retry_same_key: bool = False, wait: float = 0.0,
+             in_flight_timeout: float = DEFAULT_IN_FLIGHT_TIMEOUT) -> _T | Any:
+        """Run ``fn(key)`` at most once for ``key``; a replay returns the recorded result.
+
+        ``lease``: the lease this attempt runs under (recorded on the receipt, so a later
+        attempt can tell a live attempt from an abandoned one). ``retry_same_key``: after an
+        abandoned attempt, call ``fn`` again with the same key (the target must deduplicate on
+        it) instead of asking for reconciliation. ``wait``: seconds to wait for a live attempt
+        by someone else to finish (then return its result) before raising ``LeaseHeld``.
+
+        Raises ``EffectConflict`` (the key was used with another payload; ``fn`` not called),
+        ``EffectOutcomeUnknown`` (an earlier attempt's outcome is unknown; resolve or discard
+        the receipt), ``LeaseHeld`` (a live attempt is under way). If ``fn`` raises, the receipt
+        is removed so that a later attempt can act (raise ``EffectOutcomeUnknown`` from ``fn``
+        instead when the action may have happened anyway).
+        """
+        key = check_key(key)
+        digest = fingerprint(payload)
+        check_ttl(in_flight_timeout, name="in_flight_timeout")
+        waited, pause = 0.0, 0.01
+        while True:
+            if self.store.effect_insert(key, digest, lease):
+                return self._perform(key, fn, version=1)
+            receipt = self.store.effect_get(key)
+            if receipt is None:
+                continue  # discarded (or its attempt failed) between our two calls
+            if receipt.fingerprint != digest:
+                raise EffectConflict(f"effect {key!r} was recorded with another payload "
+                                     f"(fingerprint {receipt.fingerprint[:12]}…, this one "
+                                     f"{digest[:12]}…); not performed")
+            if receipt.state is EffectState.DONE:
+                logger.info("effect %s: replay, returning the recorded result", key)
+                return receipt.result
+            if receipt.state is EffectState.NEEDS_RECONCILIATION:
+                raise self._unknown(receipt)
+            if self._attempt_alive(receipt, in_flight_timeout):
+                if waited < wait:
+                    pause = min(pause * 2, 0.5, wait - waited)
+                    time.sleep(random.uniform(pause / 2, pause))
+                    waited += pause
+                    continue
+                raise LeaseHeld(f"effect {key!r} is being performed by {receipt.lease_owner} "
+                                f"(lease {receipt.lease_key!r} token {receipt.lease_token})")
+            # The attempt's lease is gone: it may or may not have acted.
+            if retry_same_key:
+                if self.store.effect_restart(key, version=receipt.version, lease=lease):
+                    logger.warning("effect %s: earlier attempt abandoned; resending with the "
+                                   "same key (retry_same_key)", key)
+                    return self._perform(key, fn, version=receipt.version + 1)
+            elif self.store.effect_update(key, version=receipt.version,
+                                          state=EffectState.NEEDS_RECONCILIATION, result=None):
+                raise self._unknown(receipt)
+            # Lost a race with another replay: look again.
+
+    def _perform(self, key: str, fn: Callable[[str], _T], *, version: int) -> _T:
+        """Run ``fn`` (outside any transaction) for the in-flight receipt at ``version``."""
+        try:
+            result = fn(key)
+        except EffectOutcomeUnknown:
+            self.store.effect_update(key, version=version,
+                                     state=EffectState.NEEDS_RECONCILIATION, result=None)
+            raise
+        except BaseException:
+            self.store.effect_delete(key, version=version)  # it did not happen: free the key
+            raise
+        try:
+            encoded: str | None = encode_result(result)
+            problem: ResultNotSerializable | None = None
+        except ResultNotSerializable as exc:
+            encoded, problem = None, exc  # it happened all the same: record that much
+        if not self.store.effect_update(key, version=version, state=EffectState.DONE,
+                                        result=encoded):
+            logger.warning("effect %s: performed, but the receipt changed meanwhile (resolved "
+                           "or taken over); the recorded outcome was kept", key)
+        if problem is not None:
+            raise problem
+        return result
+
+    def _attempt_alive(self, receipt: Receipt, in_flight_timeout: float) -> bool:
+        """Is the attempt that wrote this in-flight receipt still running under its lease?
+
+        A lease that is no longer current never becomes current again (tokens only grow), so
+        a "no" here stays true however long we take to act on it.
+        """
+        now = self.store.now()
+        if receipt.lease_key is None:
+            return now - receipt.started_at < in_flight_timeout
+        record = self.store.get(receipt.lease_key)
+        return (record is not None and record.state is LeaseState.RUNNING
+                and record.token == receipt.lease_token and record.owner == receipt.lease_owner
+                and record.expires_at is not None and record.expires_at > now)
+
+    @staticmethod
+    def _unknown(receipt: Receipt) -> EffectOutcomeUnknown:
+        return EffectOutcomeUnknown(
+            f"effect {receipt.key!r} needs reconciliation: an attempt by {receipt.lease_owner} "
+            f"(lease {receipt.lease_key!r} token {receipt.lease_token}) started and never "
+            "recorded its outcome. Check the target, then store.effects.resolve(key, result) "
+            "if it happened or store.effects.discard(key) if it did not")
+
+    # -- what a person uses to reconcile ----------------------------------------------------
+
+    def get(self, key: str) -> Receipt | None:
+        return self.store.effect_get(key)
+
+    def resolve(self, key: str, result: Any = None) -> Receipt:
+        """Record that the action happened, with ``result``: replays will return it."""
+        encoded = encode_result(result)
+        while True:
+            receipt = self._existing(key)
+            if self.store.effect_update(key, version=receipt.version, state=EffectState.DONE,
+                                        result=encoded):
+                return self._existing(key)
+
+    def discard(self, key: str) -> bool:
+        """Forget the receipt (the action did not happen): the next ``once`` performs it."""
+        while True:
+            receipt = self.store.effect_get(key)
+            if receipt is None:
+                return False
+            if self.store.effect_delete(key, version=receipt.version):
+                return True
+
+    def _existing(self, key: str) -> Receipt:
+        receipt = self.store.effect_get(key)
+        if receipt is None:
+            raise LeaseError(f"no effect receipt for {key!r}")
+        return receipt
