@@ -1,67 +1,42 @@
-"""``python -m example_project [demo]``: run the example on embedded defaults, no server needed.
+"""``python -m example_project demo``: see what lease_celery fixes, on embedded defaults.
 
-Starts a real ``celery worker`` (prefork) on kombu's filesystem broker and the SQLite lease
-store, publishes every report twice (as a broker redelivery would), and prints what ran.
+Starts real ``celery worker`` processes (prefork) on kombu's filesystem broker, a SQLite lease
+store and an outside HTTP service, then plays one failure story (a duplicate delivery, a
+worker SIGKILLed mid-task, a worker stalled past its lease) twice: with a plain Celery task and
+with ``LeasedTask``. Ends with a side-by-side table and a picture of the lease timeline.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-
-def _events(data_dir: Path) -> list[dict[str, object]]:
-    path = data_dir / "runs.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-def demo(reports: int) -> int:
-    data_dir = Path(tempfile.mkdtemp(prefix="lease-celery-demo-"))
-    for sub in ("broker", "broker-control", "results"):
-        (data_dir / sub).mkdir()
-    os.environ["EXAMPLE_DATA_DIR"] = str(data_dir)
-    from example_project.tasks import build_report  # reads EXAMPLE_DATA_DIR
-
-    print(f"data in {data_dir}; starting a celery worker (prefork, 2 processes) …", flush=True)
-    with open(data_dir / "worker.log", "wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "example_project.app", "worker",
-             "-P", "prefork", "-c", "2", "-l", "warning", "--without-gossip", "--without-mingle"],
-            env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        results = []
-        for report_id in range(1, reports + 1):
-            results.append(build_report.delay(report_id))
-            build_report.delay(report_id)  # the same work delivered a second time
-        print(f"published {reports} reports, each twice; waiting …", flush=True)
-        accepted = [r.get(timeout=60) for r in results]
-        time.sleep(2 * 3.0)  # let the deferred duplicates come back and drop out
-    finally:
-        worker.terminate()
-        worker.wait(30)
-    events = _events(data_dir)
-    runs = [e for e in events if e["event"] == "body_start"]
-    print(f"\n{'reports':>10} {'deliveries':>11} {'body runs':>10} {'accepted':>9}")
-    print(f"{reports:>10} {2 * reports:>11} {len(runs):>10} {len(accepted):>9}")
-    ok = len(runs) == reports and len(accepted) == reports
-    print("\nevery report was built exactly once" if ok else "\nUNEXPECTED: see worker.log")
-    return 0 if ok else 1
+from .demo.run import Options, main_entry
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m example_project", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m example_project", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="demo", choices=["demo"])
-    parser.add_argument("--reports", type=int, default=3)
+    parser.add_argument("--broker", metavar="URL",
+                        help="broker URL, e.g. redis://127.0.0.1:6379/12 or "
+                             "amqp://guest:guest@127.0.0.1:5672// (default: filesystem://)")
+    parser.add_argument("--store", metavar="URL",
+                        help="lease store URL (default: a SQLite file in the data directory)")
+    parser.add_argument("--tasks", type=int, default=6, metavar="N",
+                        help="reports in the workload, at least 3 (default: 6)")
+    parser.add_argument("--mode", choices=["plain", "leased", "both"], default="both",
+                        help="play the story with one task type only (default: both)")
+    parser.add_argument("--data-dir", type=Path, metavar="DIR",
+                        help="where broker folders, stores, logs and the picture go "
+                             "(default: a new temporary directory)")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write a machine-readable summary to FILE")
     args = parser.parse_args(argv)
-    return demo(args.reports)
+    modes = ("plain", "leased") if args.mode == "both" else (args.mode,)
+    return main_entry(Options(broker_url=args.broker, store_url=args.store, tasks=args.tasks,
+                              modes=modes, data_dir=args.data_dir, json_path=args.json))
 
 
 if __name__ == "__main__":

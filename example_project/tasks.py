@@ -1,30 +1,81 @@
-"""Example tasks: build a report exactly once per report id, however often it is delivered."""
+"""Build a report, then publish it to an outside service: the same job written twice.
+
+``publish_report_plain`` is a plain ``celery.Task``; ``publish_report`` is a ``LeasedTask``
+whose lease key comes from the business arguments, so every delivery of one report, however
+it came about, competes for one lease. The ``timeline.record`` calls are the demo's
+instrumentation, not part of the pattern.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
+from celery import Task
+
 from lease_celery import LeasedTask
 
+from . import outside, timeline
 from .app import app
-from .settings import DATA_DIR
+from .report_table import save_report
+from .reports import Report, build_report
+
+__all__ = ["publish_report", "publish_report_plain"]
 
 
-def _log(event: str, **fields: Any) -> None:
-    """Append to the demo's run log (one JSON line per event; O_APPEND keeps lines whole)."""
-    line = json.dumps({"event": event, "pid": os.getpid(), "t": time.time(), **fields}) + "\n"
-    with open(os.path.join(DATA_DIR, "runs.jsonl"), "a", encoding="utf-8") as log:
-        log.write(line)
+@app.task(bind=True)
+def publish_report_plain(self: Task, edition: str, report_id: int) -> dict[str, Any]:
+    """Nothing stops a second delivery, and nothing stops a stale one from writing last."""
+    started_at = time.time()
+    _trace("body_start", self, report_id)
+    report = build_report(edition, report_id, seconds=self.app.conf.report_build_seconds)
+    status = outside.publish(self.app.conf.reports_endpoint, report)
+    _trace("effect_sent", self, report_id, status=status)
+    overwrote_newer = save_report(self.app.conf.reports_db, report, built_by=_me(self),
+                                  started_at=started_at)
+    _trace("result_written", self, report_id, overwrote_newer=overwrote_newer)
+    return {"report": report, "built_by": _me(self)}
 
 
-@app.task(base=LeasedTask, bind=True, lease_key="report:{report_id}")
-def build_report(self: LeasedTask, report_id: int, seconds: float = 1.0) -> dict[str, Any]:
-    """Pretend to build report ``report_id``; the lease makes duplicates wait and drop out."""
-    _log("body_start", report_id=report_id, token=self.lease.token)
-    time.sleep(seconds)
-    self.lease.check()  # stop here if another worker has taken the report over
-    _log("body_end", report_id=report_id, token=self.lease.token)
-    return {"report_id": report_id, "token": self.lease.token, "built_by": os.getpid()}
+@app.task(base=LeasedTask, bind=True, lease_key="report:{edition}:{report_id}")
+def publish_report(self: LeasedTask, edition: str, report_id: int) -> dict[str, Any]:
+    """One accepted result per report: duplicates wait for the lease, stale results are refused.
+
+    The return value is the result; LeasedTask stores it in the lease store only if this
+    execution still holds the lease (state, owner, token and deadline checked in the same
+    statement as the write).
+    """
+    lease = self.lease
+    _trace("body_start", self, report_id, token=lease.token)
+    report = build_report(edition, report_id, seconds=self.app.conf.report_build_seconds)
+    # Right before the outside call, make sure this execution still holds the lease. A worker
+    # that stalled past it (GC pause, swapped out, SIGSTOP) raises LeaseLost here instead of
+    # publishing a report that another worker has taken over. It narrows the window without
+    # closing it: a stall between this check and the request still publishes twice. Closing it
+    # is the job of receipts (self.effect, below).
+    lease.check()
+    _publish_once(self, report)
+    return {"report": report, "built_by": _me(self), "token": lease.token}
+
+
+def _publish_once(task: LeasedTask, report: Report) -> None:
+    """The one place the leased task touches the outside world.
+
+    With lease_celery's effects API this body becomes
+    ``task.effect(publish_key(report), report, lambda key: outside.publish(endpoint, report))``:
+    a receipt under a key that is stable across retries and takeovers, so a replay returns the
+    recorded outcome instead of publishing again, and an attempt whose outcome is unknown asks
+    for reconciliation instead of resending.
+    """
+    status = outside.publish(task.app.conf.reports_endpoint, report)
+    _trace("effect_sent", task, report["report_id"], status=status)
+
+
+def _me(task: Task) -> str:
+    return f"{task.request.hostname} pid {os.getpid()}"
+
+
+def _trace(event: str, task: Task, report_id: int, **fields: Any) -> None:
+    timeline.record(event, task=task.name, task_id=task.request.id, report_id=report_id,
+                    worker=task.request.hostname, **fields)

@@ -12,6 +12,7 @@ __all__ = [
     "EffectConflict",
     "EffectOutcomeUnknown",
     "InvalidKey",
+    "LeaseDead",
     "LeaseError",
     "LeaseHeld",
     "LeaseLost",
@@ -32,6 +33,10 @@ class LeaseError(Exception):
 
 class LeaseLost(LeaseError):
     """The lease is no longer held by this owner: stop the protected work."""
+
+
+class LeaseDead(LeaseError):
+    """The key is dead: its failure policy gave up on it. A person can requeue it."""
 
 
 class LeaseHeld(LeaseError):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EffectState", "Lease", "LeaseRecord", "LeaseState", "Receipt"]
+__all__ = ["EffectState", "Lease", "LeaseRecord", "LeaseState", "Receipt", "StoreStats"]
 
 
 class LeaseState(str, enum.Enum):
@@ -30,7 +30,9 @@ class Lease:
     ``token`` is the claim's generation on this key (+1 per successful claim, never reused);
     ``expires_at`` is the deadline on the store's clock in epoch seconds; ``fence`` is a
     store-wide number that grows with every claim on any key, so leases of different keys can
-    be ordered (see :class:`~lease_celery.FenceGate`).
+    be ordered (see :class:`~lease_celery.FenceGate`). ``attempts`` counts the claims of the
+    key so far, this one included; ``takeovers`` those that found the previous owner's lease
+    expired (its worker died or stalled).
     """
 
     key: str
@@ -38,6 +40,9 @@ class Lease:
     token: int
     expires_at: float
     fence: int = 0
+    # Counters at claim time: information, not identity (a Lease compares by what fences it).
+    attempts: int = field(default=1, compare=False)
+    takeovers: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -53,14 +58,32 @@ class LeaseRecord:
     result: Any = None
     updated_at: float | None = None
     fence: int = 0
+    takeovers: int = 0
+    not_before: float | None = None
+    reason: str | None = None
+    task: dict[str, Any] | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any], *, result: Any) -> LeaseRecord:
-        """Build from ``(key, state, owner, token, expires_at, attempts, _, updated_at, fence)``."""
+    def from_row(cls, row: Sequence[Any], *, result: Any, task: Any) -> LeaseRecord:
+        """Build from the column order of the stores' ``get`` query (see the SQL files)."""
         return cls(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
                    expires_at=None if row[4] is None else float(row[4]),
                    attempts=int(row[5]), result=result,
-                   updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]))
+                   updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]),
+                   takeovers=int(row[9]), not_before=None if row[10] is None else float(row[10]),
+                   reason=row[11], task=task)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Row counts by state; ``expired``: running rows whose lease has run out."""
+
+    counts: dict[str, int]
+    expired: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 class EffectState(str, enum.Enum):

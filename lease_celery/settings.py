@@ -7,10 +7,11 @@ default. Every refusal names the setting and where its value came from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, LeaseError
+from .policy import DEFAULT_PERMANENT_ERRORS, Policy
 from .stores.base import check_ttl, open_store
 
 __all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings"]
@@ -20,11 +21,17 @@ DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
 DEFAULT_TTL = 30.0
 
 
+#: Defaults of the failure policy settings (``lease_<name>``).
+POLICY_DEFAULTS: dict[str, float] = {
+    "max_attempts": 3, "max_takeovers": 3, "backoff_base": 1.0, "backoff_max": 60.0}
+
+
 @dataclass(frozen=True)
 class LeaseSettings:
     store_url: str
     ttl: float
     heartbeat_interval: float
+    policy: Policy = field(default_factory=lambda: Policy(3, 3, 1.0, 60.0))
 
 
 def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
@@ -64,4 +71,22 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
         raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
-    return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval)
+    return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
+                         policy=_resolve_policy(app, task))
+
+
+def _resolve_policy(app: Any, task: Any) -> Policy:
+    values: dict[str, Any] = {}
+    for name, default in POLICY_DEFAULTS.items():
+        value, source = _lookup(app, task, f"lease_{name}")
+        value = default if value is None else value
+        if name.startswith("backoff"):
+            value = check_ttl(value, name=f"lease_{name} ({source})")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"lease_{name} ({source}) must be a whole number >= 1, "
+                              f"got {value!r}")
+        values[name] = value
+    extra = getattr(task, "permanent_errors", None) or ()
+    if not isinstance(extra, tuple):
+        extra = (extra,) if isinstance(extra, type) else tuple(extra)
+    return Policy(permanent_errors=DEFAULT_PERMANENT_ERRORS + extra, **values)

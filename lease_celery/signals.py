@@ -13,14 +13,26 @@ __all__ = [
     "duplicate_deferred",
     "duplicate_ignored",
     "lease_acquired",
+    "lease_dead",
+    "lease_finished",
     "lease_lost",
     "lease_released",
     "lease_renewed",
+    "lease_retry",
+    "lease_taken_over",
     "stale_result_rejected",
 ]
 
 #: A claim succeeded: ``lease``.
 lease_acquired = Signal(name="lease_acquired")
+#: A claim took the key over from an owner whose lease had expired: ``lease``.
+lease_taken_over = Signal(name="lease_taken_over")
+#: The body finished and its result was accepted: ``lease``.
+lease_finished = Signal(name="lease_finished")
+#: A failed attempt released the key with a backoff and was retried: ``reason``, ``countdown``.
+lease_retry = Signal(name="lease_retry")
+#: The failure policy gave up: the key is dead (a dead letter) until requeued: ``reason``.
+lease_dead = Signal(name="lease_dead")
 #: The heartbeat moved the deadline: ``lease`` (with the new ``expires_at``).
 lease_renewed = Signal(name="lease_renewed")
 #: This process no longer holds the lease: ``lease``, ``reason``.

@@ -7,28 +7,35 @@ call ``self.run`` ourselves, never ``super().__call__``, which would push a fres
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry
 
 from . import signals
-from .errors import LeaseError, LeaseHeld, ResultNotSerializable, StoreError
+from .delivery import body_signature, shared_store, task_info
+from .errors import (
+    LeaseDead,
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    ResultNotSerializable,
+    StoreError,
+)
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
 from .keys import KeySpec, check_key_spec, resolve_key
-from .models import LeaseState
+from .models import Lease, LeaseState
+from .policy import Outcome
 from .settings import LeaseSettings, resolve_settings
-from .stores.base import Store, check_ttl, open_store
+from .stores.base import Store, check_ttl
 
 __all__ = ["LeasedTask"]
 
@@ -38,19 +45,6 @@ logger = logging.getLogger(__name__)
 CLAIM_ROUNDS = 3
 #: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
 STORE_RETRY_DELAY = 5.0
-
-_stores: dict[str, Store] = {}
-_stores_lock = threading.Lock()
-
-
-def _shared_store(url: str) -> Store:
-    """One store object per URL per process (the store itself reconnects after fork)."""
-    with _stores_lock:
-        store = _stores.get(url)
-        if store is None:
-            store = _stores[url] = open_store(url)
-        return store
-
 
 class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """A Celery task whose body runs under a fenced, heartbeated lease.
@@ -84,7 +78,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             # as its first argument; the key callable receives the task's arguments only.
             cls.lease_key = staticmethod(spec)
         if "lease_key" in cls.__dict__ or "run" in cls.__dict__:
-            check_key_spec(cls.lease_key, _body_signature(cls), where=where)
+            check_key_spec(cls.lease_key, body_signature(cls), where=where)
         for name in ("lease_ttl", "lease_heartbeat_interval"):
             value = cls.__dict__.get(name)
             if value is not None:
@@ -98,19 +92,19 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     # -- public API inside the body ---------------------------------------------------------
 
     @property
-    def lease(self) -> LeaseHandle | None:
-        """The lease this execution holds (``None`` outside the task body)."""
-        return getattr(self.request, "lease", None)
+    def lease(self) -> LeaseHandle:
+        """The lease this execution holds; ``LeaseError`` outside a LeasedTask body."""
+        handle: LeaseHandle | None = getattr(self.request, "lease", None)
+        if handle is None:
+            raise LeaseError("self.lease is only available inside a LeasedTask body")
+        return handle
 
     def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
                retry_same_key: bool = False, wait: float = 0.0) -> Any:
         """Perform an outside action at most once per business ``key``; replays return the
         recorded result. ``fn`` receives the key (pass it on as the target's idempotency key).
         See :meth:`lease_celery.effects.Effects.once`."""
-        handle = self.lease
-        if handle is None:
-            raise LeaseError("self.effect() is only available inside a LeasedTask body")
-        return handle.effect(key, payload, fn, retry_same_key=retry_same_key, wait=wait)
+        return self.lease.effect(key, payload, fn, retry_same_key=retry_same_key, wait=wait)
 
     @property
     def lease_settings(self) -> LeaseSettings:
@@ -122,7 +116,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     @property
     def lease_store(self) -> Store:
         """The store this task's leases live in (one per process per URL)."""
-        return _shared_store(self.lease_settings.store_url)
+        return shared_store(self.lease_settings.store_url)
 
     # -- the gate ---------------------------------------------------------------------------
 
@@ -147,36 +141,44 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             result = self.run(*args, **kwargs)
         except BaseException as exc:
             heartbeat.unwatch(handle)
-            self._release_after_error(handle, exc)
+            self._after_error(handle, exc, settings)
             raise
         finally:
             if request.called_directly:
                 request.lease = None  # the default request object outlives this call
         heartbeat.unwatch(handle)
-        return self._finish(handle, result, args, kwargs)
+        return self._finish(handle, result, settings, args, kwargs)
+
+    # -- before the body --------------------------------------------------------------------
 
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
                args: Any, kwargs: Any) -> LeaseHandle:
         owner = process_owner()
+        info = None if self.request.called_directly else task_info(
+            self, self.request, args, kwargs)
         for _ in range(CLAIM_ROUNDS):
             sent_at = time.monotonic()
-            lease = store.claim(key, owner=owner, ttl=settings.ttl)
+            lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
             if lease is not None:
-                logger.info("lease %s acquired by %s with token %s", key, owner, lease.token)
-                signals.lease_acquired.send(sender=self, key=key, lease=lease)
-                return LeaseHandle(lease, store=store, ttl=settings.ttl,
-                                   heartbeat_interval=settings.heartbeat_interval,
-                                   sent_at=sent_at, task=self)
+                return self._admit(store, lease, settings, sent_at)
             record = store.get(key)
-            if record is None or record.state is LeaseState.READY:
-                continue  # released between our claim and our look: claim again
+            if record is None:
+                continue  # purged between our claim and our look: claim again
             if record.state in (LeaseState.DONE, LeaseState.DEAD):
                 logger.info("lease %s is %s (token %s): delivery %s ignored",
                             key, record.state.value, record.token, self.request.id)
                 signals.duplicate_ignored.send(sender=self, key=key, state=record.state.value,
                                                record=record)
                 raise Ignore()
-            remaining = (record.expires_at or 0.0) - store.now()
+            now = store.now()
+            if record.state is LeaseState.READY:
+                if record.not_before is None or record.not_before <= now:
+                    continue  # released between our claim and our look: claim again
+                backing_off = LeaseHeld(f"lease {key!r} is backing off for another "
+                                        f"{record.not_before - now:.1f}s after: {record.reason}")
+                self._defer(key, record.not_before - now, settings, args, kwargs,
+                            why=str(backing_off), eager_error=backing_off)
+            remaining = (record.expires_at or 0.0) - now
             if remaining > 0:
                 held = LeaseHeld(f"lease {key!r} is held by {record.owner} (token "
                                  f"{record.token}) for another {remaining:.1f}s")
@@ -186,78 +188,136 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
 
+    def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
+               sent_at: float) -> LeaseHandle:
+        """A claim succeeded: run it, unless the policy says the key has had enough."""
+        logger.info("lease %s acquired by %s with token %s (attempt %s, takeovers %s)",
+                    lease.key, lease.owner, lease.token, lease.attempts, lease.takeovers)
+        signals.lease_acquired.send(sender=self, key=lease.key, lease=lease)
+        if lease.takeovers:
+            signals.lease_taken_over.send(sender=self, key=lease.key, lease=lease)
+        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
+                             heartbeat_interval=settings.heartbeat_interval, sent_at=sent_at,
+                             task=self)
+        reason = settings.policy.on_claim(attempts=lease.attempts, takeovers=lease.takeovers)
+        if reason is not None:
+            self._kill(handle, reason)
+            raise LeaseDead(f"lease {lease.key!r} is dead: {reason}")
+        return handle
+
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,
                holder: str | None = None) -> NoReturn:
         """Re-publish this delivery to run in about ``remaining`` seconds, then ack it.
 
         Used when a live holder has the key (acking a duplicate without re-publishing would
-        lose the work if the holder died later) and when the store cannot answer.
+        lose the work if the holder died later), while the key backs off, and when the store
+        cannot answer.
         """
         request = self.request
         if request.is_eager or request.called_directly:  # nothing to re-publish to
             raise eager_error
         # Jitter spreads duplicates so they do not all come back in the same instant.
-        countdown = min(max(remaining, 0.05), settings.ttl) + random.uniform(0, settings.ttl / 10)
+        countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
+        countdown += random.uniform(0, settings.ttl / 10)
         self.signature_from_request(request, args, kwargs, countdown=countdown).apply_async()
         logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
                                         reason=why)
         raise Ignore()
 
-    def _finish(self, handle: LeaseHandle, result: Any, args: Any, kwargs: Any) -> Any:
-        store = handle.store
+    # -- after the body ---------------------------------------------------------------------
+
+    def _finish(self, handle: LeaseHandle, result: Any, settings: LeaseSettings, args: Any,
+                kwargs: Any) -> Any:
         try:
-            accepted = store.finish(handle.lease, result)
-        except ResultNotSerializable:
-            self._release_after_error(handle, None)
+            accepted = handle.store.finish(handle.lease, result)
+        except ResultNotSerializable as exc:
+            self._after_error(handle, exc, settings)
             raise
         except StoreError as exc:
             # Not recorded, so not accepted: run again later rather than report an unfenced
             # success or fail and ack (which would lose the work).
-            self._release_after_error(handle, exc)
-            settings = self.lease_settings
+            self._release(handle, reason=f"finish failed in the lease store: {exc}")
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"finish failed in the lease store ({exc})", eager_error=exc)
         if not accepted:
             self._reject_stale(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease)
         return result
 
-    def _release_after_error(self, handle: LeaseHandle, exc: BaseException | None) -> None:
-        """Give the key back so a retry can claim it; a failure of a stale lease is ignored."""
+    def _after_error(self, handle: LeaseHandle, exc: BaseException,
+                     settings: LeaseSettings) -> None:
+        """The body (or finish) raised: retry with backoff, give up (dead), or pass it on.
+
+        Raises ``Ignore`` when the lease was lost meanwhile (a stale failure must not overwrite
+        the new owner's outcome), ``Retry`` when the policy retries; returns when ``exc`` should
+        propagate as it is.
+        """
+        if isinstance(exc, (Retry, Ignore, Reject)) or not isinstance(exc, Exception):
+            # Celery's own control flow (self.retry(), Ignore, Reject) or a shutdown: give the
+            # key back at once; Celery re-delivers (or not) as it decided. The next claim counts
+            # as an attempt, so lease_max_attempts bounds Celery's retries too.
+            self._release(handle, reason=f"{type(exc).__name__}: {exc}")
+            return
+        if isinstance(exc, LeaseLost) or handle.lost:
+            self._release(handle, reason=repr(exc))
+            return
+        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
+        outcome, reason = settings.policy.after_error(exc, attempts=handle.lease.attempts)
+        if outcome is Outcome.DEAD or (autoretry and isinstance(exc, autoretry)):
+            # Celery's autoretry_for already spent its own retries on this error.
+            self._kill(handle, reason)
+            return
+        request = self.request
+        # An eager retry runs at once (Celery ignores its countdown), so it gets no backoff.
+        delay = 0.0 if request.is_eager else settings.policy.backoff(handle.lease.attempts)
+        if not self._release(handle, reason=reason, delay=delay):
+            return
+        if request.called_directly:
+            return  # a plain call has no delivery to retry: the error propagates
+        logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
+        signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
+                                 reason=reason, countdown=delay)
+        raise self.retry(exc=exc, countdown=delay, max_retries=None)
+
+    def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0) -> bool:
+        """Give the key back (after ``delay`` of backoff); a stale lease's failure is ignored."""
         try:
-            released = handle.store.release(handle.lease)
+            released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000])
             record = None if released else handle.store.get(handle.key)
         except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
                              "expire at %s", handle.key, handle.token, handle.expires_at)
-            return
+            return False
         if released:
             signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease)
-            return
+            return True
         if record is not None and (record.token != handle.token or record.owner != handle.owner):
             # Someone else owns the key now: our failure must not overwrite their outcome.
-            self._reject_stale(handle, f"the body raised {exc!r} after the lease was taken over")
+            self._reject_stale(handle, f"the attempt failed after the lease was taken over "
+                                       f"({reason})")
+        return False
 
-    def _reject_stale(self, handle: LeaseHandle, reason: str) -> None:
+    def _kill(self, handle: LeaseHandle, reason: str) -> None:
+        try:
+            killed = handle.store.kill(handle.lease, reason=reason[:2000])
+        except StoreError:
+            logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
+            return
+        if killed:
+            logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
+                         handle.lease.attempts, reason)
+            signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
+                                    reason=reason)
+        else:
+            self._release(handle, reason=reason)  # not current: judge it as a stale failure
+
+    def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
         handle.mark_lost(reason)
         logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
                        handle.key, handle.owner, handle.token, reason)
         signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
                                            reason=reason)
         raise Ignore()
-
-
-def _body_signature(cls: type) -> Callable[..., Any] | None:
-    """The callable whose parameters a delivery's arguments bind to, or None if not defined.
-
-    ``@app.task(bind=True)`` stores the function itself as ``run`` (first parameter: the task);
-    without ``bind`` it stores a ``staticmethod``; a subclass may define ``def run(self, ...)``.
-    """
-    run = cls.__dict__.get("run")
-    if run is None:
-        return None
-    if isinstance(run, staticmethod):
-        return run.__func__
-    return functools.partial(run, None)

@@ -2,12 +2,15 @@
 
 Every error is a ``LeaseError``; input errors are also ``ValueError`` (or ``TypeError`` for an
 unstorable result), and driver failures come wrapped in ``StoreError`` with the driver's
-exception as ``__cause__``.
+exception as ``__cause__``. The ttl, key and result checks run on every store (``store_url``:
+SQLite, PostgreSQL, Redis); the URL and file checks are SQLite's own. Bad connection input for
+the server stores is in ``test_store_servers.py``.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import re
 import sqlite3
@@ -15,7 +18,9 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 
 import lease_celery
 from lease_celery import (
@@ -29,6 +34,11 @@ from lease_celery import (
     StoreError,
     open_store,
 )
+from lease_celery.stores.postgres import PostgresStore
+from lease_celery.stores.redis import RedisStore
+from lease_celery.stores.sqlite import SQLiteStore
+from tests.conftest import STORES
+from tests.servers import PG_DSN, REDIS_STORE_URL
 
 
 class LogicalClock:
@@ -45,16 +55,30 @@ def clock() -> LogicalClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: LogicalClock) -> Iterator[Store]:
-    opened = open_store(f"sqlite:///{tmp_path}/leases.db", clock=clock)
+def store(store_url: str, clock: LogicalClock) -> Iterator[Store]:
+    """A store of each kind (SQLite, PostgreSQL, Redis) on the logical clock."""
+    opened = open_store(store_url, clock=clock)
     yield opened
     opened.close()
 
 
 def _row_count(store: Store) -> int:
-    """Rows in the lease table, read past the store (to prove a refused call wrote nothing)."""
-    with closing(sqlite3.connect(store.path)) as conn:
-        return conn.execute("SELECT count(*) FROM lease_celery_leases").fetchone()[0]
+    """Lease rows in the store, read past the store (to prove a refused call wrote nothing)."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as conn:
+            return int(conn.execute("SELECT count(*) FROM lease_celery_leases").fetchone()[0])
+    if isinstance(store, PostgresStore):
+        with psycopg.connect(PG_DSN) as conn:
+            row = conn.execute(
+                f'SELECT count(*) FROM "{store.schema}".lease_celery_leases').fetchone()
+            assert row is not None
+            return int(row[0])
+    assert isinstance(store, RedisStore), store
+    client = redis.Redis.from_url(REDIS_STORE_URL)
+    try:
+        return sum(1 for _ in client.scan_iter(f"{store.prefix}lease:*"))
+    finally:
+        client.close()
 
 
 # -- URLs -----------------------------------------------------------------------------------
@@ -128,10 +152,11 @@ def test_good_busy_timeout_is_accepted(tmp_path: Path) -> None:
 
 
 def test_in_memory_store_works() -> None:
-    """sqlite:// (no path) is an in-memory store that supports claim, finish and get."""
+    """SQLite only: sqlite:// (no path) is an in-memory store that supports claim, finish and
+    get."""
     with open_store("sqlite://", clock=LogicalClock(5)) as store:
         lease = store.claim("report:1", owner="w", ttl=10)
-        assert lease == Lease(key="report:1", owner="w", token=1, expires_at=15)
+        assert lease == Lease(key="report:1", owner="w", token=1, expires_at=15, fence=lease.fence)
         assert store.claim("report:1", owner="other", ttl=10) is None
         assert store.finish(lease, {"ok": [1, 2]}) is True
         record = store.get("report:1")
@@ -139,8 +164,9 @@ def test_in_memory_store_works() -> None:
 
 
 def test_driver_error_is_wrapped(tmp_path: Path) -> None:
-    """A file that is not a SQLite database makes the store raise StoreError (a LeaseError)
-    whose __cause__ is the driver's sqlite3.DatabaseError; the file is left as it was."""
+    """SQLite only: a file that is not a SQLite database makes the store raise StoreError (a
+    LeaseError) whose __cause__ is the driver's sqlite3.DatabaseError; the file is left as it
+    was."""
     path = tmp_path / "garbage.db"
     garbage = b"this is certainly not a SQLite database\x00\xff" * 200
     path.write_bytes(garbage)
@@ -232,6 +258,39 @@ def test_512_character_key_is_accepted(store: Store) -> None:
     assert (record.key, record.state, record.result) == (key, LeaseState.DONE, "ok")
 
 
+
+
+def _unstorable_text_cases() -> Iterator[object]:
+    for kind in STORES:
+        for field in ("key", "owner"):
+            for name, text in (("NUL", "report:\x00:1"), ("surrogate", "report:\ud800")):
+                yield pytest.param(kind, field, text, id=f"{kind}-{field}-{name}")
+
+
+@pytest.mark.parametrize(("store_url", "field", "text"), list(_unstorable_text_cases()),
+                         indirect=["store_url"])
+def test_key_or_owner_with_unusual_characters_is_accepted_or_invalid(
+    store: Store, field: str, text: str
+) -> None:
+    """A key or owner containing a NUL character or a lone surrogate is either accepted (the
+    claim returns a Lease and get() shows that key and owner) or refused as invalid input — a
+    LeaseError that is also a ValueError (InvalidKey / ConfigError) — with no row written. It
+    is never a StoreError, which callers treat as "the store could not answer, try later", and
+    never a raw driver or codec error."""
+    key, owner = (text, "w") if field == "key" else ("report:1", text)
+    store.get("schema-warm-up")  # the refusal may come before the store ever connects
+    try:
+        lease = store.claim(key, owner=owner, ttl=10)
+    except Exception as exc:
+        assert isinstance(exc, LeaseError) and isinstance(exc, ValueError), (
+            f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+        assert _row_count(store) == 0
+        return
+    assert lease is not None
+    record = store.get(key)
+    assert record is not None and (record.key, record.owner) == (key, owner)
+
+
 # -- results --------------------------------------------------------------------------------
 
 
@@ -265,6 +324,42 @@ def test_unserializable_result_is_refused_and_writes_nothing(
     assert after.state is LeaseState.RUNNING
     assert store.finish(lease, {"good": [1, "two"]}) is True
     assert store.get("k").result == {"good": [1, "two"]}
+
+
+
+_RESULTS = [
+    ("plain", {"rows": [1, 2.5, "x", None, True], "nested": {"k": ["v"]}, "big": 2**70}),
+    ("NUL", "before\x00after"),
+    ("surrogate", {"text": "\ud800"}),
+    ("float-1e20", {"score": 1e20}),
+]
+
+
+def _round_trip_cases() -> Iterator[object]:
+    for kind in STORES:
+        for name, result in _RESULTS:
+            yield pytest.param(kind, result, id=f"{kind}-{name}")
+
+
+@pytest.mark.parametrize(("store_url", "result"), list(_round_trip_cases()),
+                         indirect=["store_url"])
+def test_accepted_result_round_trips_as_written(store: Store, result: object) -> None:
+    """A result that encode_result accepts as strict JSON is stored by finish() (True) and
+    comes back from get() as the same JSON (same text when re-encoded, so a float stays a
+    float) — or, if a store cannot hold it, finish() raises ResultNotSerializable and writes
+    nothing. It is never a StoreError (which would make the task run again, forever)."""
+    lease = store.claim("k", owner="w", ttl=10)
+    assert lease is not None
+    before = store.get("k")
+    try:
+        accepted = store.finish(lease, result)
+    except ResultNotSerializable:
+        assert store.get("k") == before
+        return
+    assert accepted is True
+    record = store.get("k")
+    assert record is not None and record.state is LeaseState.DONE
+    assert json.dumps(record.result, sort_keys=True) == json.dumps(result, sort_keys=True)
 
 
 # -- the error tree -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Mutual exclusion under real contention: 16 OS processes on one SQLite file, real clock.
+"""Mutual exclusion under real contention: 16 OS processes on one store, real clock.
 
-Each child process opens its own store from the URL (``spawn``, so nothing is inherited) and
-reports back through a queue; any exception in a child, ``database is locked`` and
-``StoreBusy`` included, fails the test.
+The same bodies run on SQLite (one file), PostgreSQL (one schema) and Redis (one key prefix)
+through the ``store_url`` fixture. Each child process opens its own store from the URL
+(``spawn``, so nothing is inherited) and reports back through a queue; any exception in a
+child, ``database is locked``, ``StoreBusy`` and ``StoreError`` included, fails the test.
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ import os
 import queue
 import random
 import socket
+import threading
 import time
 import traceback
 import uuid
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 from lease_celery import LeaseState, open_store
 
 PROCESSES = 16
 HOLD_TTL = 30.0  # far longer than the test: nothing may expire, only release frees the key
-LOOP_SECONDS = 3.0
+LOOP_SECONDS = 2.0
 RACE_KEYS = 20
 COLLECT_TIMEOUT = 60.0
 BARRIER_TIMEOUT = 30.0
+
+THREADS = 8
+THREAD_KEYS = 30
 
 _ctx = multiprocessing.get_context("spawn")
 
@@ -141,13 +145,13 @@ def _run_children(target: Any, args: tuple[Any, ...], sync: Any) -> dict[int, An
     return reports
 
 
-def test_sixteen_processes_never_hold_one_key_at_once(tmp_path: Path) -> None:
-    """16 processes claim one key for ~3 s (real clock, ttl 30 s so nothing expires), each
+def test_sixteen_processes_never_hold_one_key_at_once(store_url: str) -> None:
+    """16 processes claim one key for ~2 s (real clock, ttl 30 s so nothing expires), each
     winner checking the row shows it as owner with its token, then releasing (always True).
     No child raises (no 'database is locked', no StoreBusy); every token is granted exactly
     once, tokens are exactly 1..N; sorted by token each hold ends (t_release) before the next
     begins (t_acquired), so there were never two live holders; and N > 16."""
-    url = f"sqlite:///{tmp_path}/leases.db"
+    url = store_url
     key = "report:42"
     reports = _run_children(_hold_and_release, (url, key), _ctx.Barrier(PROCESSES))
 
@@ -172,11 +176,11 @@ def test_sixteen_processes_never_hold_one_key_at_once(tmp_path: Path) -> None:
     assert record.attempts == tokens[-1]
 
 
-def test_sixteen_processes_race_fresh_keys_one_winner_each(tmp_path: Path) -> None:
+def test_sixteen_processes_race_fresh_keys_one_winner_each(store_url: str) -> None:
     """16 processes claim each of a series of fresh keys at the same instant: exactly one wins
     each key (token 1) and finishes it; afterwards every process's claim of that key fails,
     and the row is done with the winner's result."""
-    url = f"sqlite:///{tmp_path}/leases.db"
+    url = store_url
     keys = [f"report:{i}" for i in range(RACE_KEYS)]
     reports = _run_children(_race_and_finish, (url, keys), _ctx.Barrier(PROCESSES))
 
@@ -201,3 +205,50 @@ def test_sixteen_processes_race_fresh_keys_one_winner_each(tmp_path: Path) -> No
                 1,
             )
             assert record.result == {"key": key, "winner": owner}
+
+
+def test_threads_with_a_store_each_race_fresh_keys_one_winner_each(store_url: str) -> None:
+    """8 threads, each with a store object of its own (on PostgreSQL: its own pool and
+    connection, so the claims really run in parallel server-side), claim each of 30 fresh keys
+    at the same instant (barrier): every claim returns a Lease or None (no exception), exactly
+    one wins each key with token 1, and the row names that winner with one attempt."""
+    keys = [f"report:thread:{i}" for i in range(THREAD_KEYS)]
+    owners = [_owner() for _ in range(THREADS)]
+    stores = [open_store(store_url) for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+    got: dict[str, list[Any]] = {key: [None] * THREADS for key in keys}
+    errors: list[str] = []
+
+    def run(index: int) -> None:
+        try:
+            store = stores[index]
+            store.get(keys[0])  # connect (and create the schema) before the first round
+            for key in keys:
+                barrier.wait(timeout=BARRIER_TIMEOUT)
+                got[key][index] = store.claim(key, owner=owners[index], ttl=HOLD_TTL)
+        except BaseException:
+            barrier.abort()
+            errors.append(f"thread {index}:\n{traceback.format_exc()}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=COLLECT_TIMEOUT)
+        assert not any(thread.is_alive() for thread in threads), "a racing claim never returned"
+        errors.sort(key=lambda text: "BrokenBarrierError" in text)
+        assert not errors, "\n".join(errors)
+
+        for key in keys:
+            winners = [(i, lease) for i, lease in enumerate(got[key]) if lease is not None]
+            assert len(winners) == 1, f"{key}: {got[key]}"
+            ((index, lease),) = winners
+            assert (lease.key, lease.owner, lease.token) == (key, owners[index], 1)
+            record = stores[0].get(key)
+            assert record is not None
+            assert (record.state, record.owner, record.token, record.attempts) == (
+                LeaseState.RUNNING, owners[index], 1, 1)
+    finally:
+        for store in stores:
+            store.close()

@@ -1,9 +1,11 @@
-"""The seed article's scenario, step by step, through the public API.
+"""The seed article's scenario, step by step, through the public API, on every store.
 
 Expiry logic runs on an injected logical clock (a shared mutable value), so every step is
-deterministic: two workers, each with its own store object (its own connection) on one SQLite
-file, race for ``report:42``; renewals, the expiry boundary, the takeover and the fenced finish
-are each asserted.
+deterministic: two workers, each with its own store object (its own connection) on one store
+(a SQLite file, a PostgreSQL schema, a Redis key prefix), race for ``report:42``; renewals, the
+expiry boundary, the takeover and the fenced finish are each asserted. The same bodies run on
+SQLite, PostgreSQL and Redis through the ``store_url`` fixture; the freezegun tests at the end
+are SQLite's alone (only SQLite reads the host clock).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import dataclasses
 import datetime
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from freezegun import freeze_time
@@ -33,20 +34,15 @@ class LogicalClock:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    # three slashes + an absolute path = the absolute form sqlite:////abs/path
-    return f"sqlite:///{tmp_path}/leases.db"
-
-
-@pytest.fixture
 def clock() -> LogicalClock:
     return LogicalClock(100)
 
 
 @pytest.fixture
-def stores(url: str, clock: LogicalClock) -> Iterator[list[Store]]:
-    """Two workers' stores: ``open_store`` called twice on the same file, same logical clock."""
-    opened = [open_store(url, clock=clock), open_store(url, clock=clock)]
+def stores(store_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
+    """Two workers' stores: ``open_store`` called twice on the same store URL, same logical
+    clock, so each has a connection (and, on PostgreSQL, a pool) of its own."""
+    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
     yield opened
     for store in opened:
         store.close()
@@ -125,12 +121,12 @@ def test_seed_article_scenario(stores: list[Store], clock: LogicalClock) -> None
     winner_store, loser_store = stores[w], stores[1 - w]
     loser_owner = owners[1 - w]
     lease = got[w]
-    assert lease == Lease(key=key, owner=owners[w], token=1, expires_at=110)
+    assert lease == Lease(key=key, owner=owners[w], token=1, expires_at=110, fence=lease.fence)
 
     # t=103: the holder renews; the deadline moves to 103 + 10.
     clock.now = 103
     renewed = winner_store.renew(lease, ttl=TTL)
-    assert renewed == Lease(key=key, owner=owners[w], token=1, expires_at=113)
+    assert renewed == Lease(key=key, owner=owners[w], token=1, expires_at=113, fence=lease.fence)
     assert winner_store.get(key).expires_at == 113
 
     # t=110: the first deadline has passed but the renewed one has not: the loser still loses.
@@ -148,7 +144,8 @@ def test_seed_article_scenario(stores: list[Store], clock: LogicalClock) -> None
 
     # The other worker takes over with a new generation.
     fresh = loser_store.claim(key, owner=loser_owner, ttl=TTL)
-    assert fresh == Lease(key=key, owner=loser_owner, token=2, expires_at=123)
+    assert fresh == Lease(key=key, owner=loser_owner, token=2, expires_at=123, fence=fresh.fence)
+    assert fresh.fence > lease.fence  # the store-wide fence grows with every claim
 
     # The stale holder wakes up: its finish (token 1, either Lease object) is refused.
     assert winner_store.finish(renewed, {"stale": True}) is False
@@ -298,23 +295,25 @@ def _expiry_at_the_boundary(store: Store, frozen, key: str) -> None:
     assert (record.state, record.owner, record.result) == (LeaseState.DONE, "worker-b", "fresh")
 
 
-def test_freezegun_expiry_boundary_store_opened_inside_freeze(url: str) -> None:
-    """With the default clock (none injected) a store opened under freeze_time follows the
-    frozen time: a ttl=10 lease is still held at t+9.999 and expired at exactly t+10, where
-    another owner's claim succeeds and the old finish is refused."""
+def test_freezegun_expiry_boundary_store_opened_inside_freeze(sqlite_url: str) -> None:
+    """SQLite only: with the default clock (none injected) a store opened under freeze_time
+    follows the frozen time, because SQLite's authority clock is the host's: a ttl=10 lease is
+    still held at t+9.999 and expired at exactly t+10, where another owner's claim succeeds and
+    the old finish is refused."""
     with freeze_time(FROZEN_AT) as frozen:
-        store = open_store(url)
+        store = open_store(sqlite_url)
         try:
             _expiry_at_the_boundary(store, frozen, "report:freeze-inside")
         finally:
             store.close()
 
 
-def test_freezegun_expiry_boundary_store_opened_before_freeze(url: str) -> None:
-    """freeze_time around single-threaded store calls (DESIGN section 4) must govern the
-    default clock even when the store object was opened before the freeze, as a fixture would:
-    the store reads the time at each call, not a reference to time.time taken at open."""
-    store = open_store(url)
+def test_freezegun_expiry_boundary_store_opened_before_freeze(sqlite_url: str) -> None:
+    """SQLite only: freeze_time around single-threaded store calls (DESIGN section 4) must
+    govern the default clock even when the store object was opened before the freeze, as a
+    fixture would: the store reads the time at each call, not a reference to time.time taken at
+    open."""
+    store = open_store(sqlite_url)
     try:
         with freeze_time(FROZEN_AT) as frozen:
             _expiry_at_the_boundary(store, frozen, "report:freeze-around-calls")

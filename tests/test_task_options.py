@@ -19,6 +19,7 @@ from lease_celery import (
     ConfigError,
     InvalidKey,
     LeasedTask,
+    LeaseError,
     LeaseHeld,
     LeaseState,
     open_store,
@@ -184,7 +185,8 @@ def test_direct_call_runs_under_a_lease(sqlite_url: str) -> None:
         return self.lease.token
 
     assert job(5) == 1
-    assert job.lease is None  # nothing left behind on the shared default request
+    with pytest.raises(LeaseError, match="only available inside a LeasedTask body"):
+        _ = job.lease  # nothing left behind on the shared default request
     record = open_store(sqlite_url).get("direct:5")
     assert record is not None and record.state is LeaseState.DONE and record.result == 1
 
@@ -210,9 +212,9 @@ def test_done_key_is_ignored_and_held_key_raises_when_eager(sqlite_url: str) -> 
     assert runs == [1]
 
 
-def test_body_exception_releases_the_lease(sqlite_url: str) -> None:
-    """An exception from the body fails the task and releases the key (ready, token kept), so
-    the next delivery claims token 2."""
+def test_body_exception_is_retried_under_the_next_token(sqlite_url: str) -> None:
+    """An exception from the body releases the key and the policy retries it (eagerly here):
+    the second attempt claims token 2 and succeeds; the row counts both attempts."""
     app = make_app(sqlite_url)
     attempts = []
 
@@ -223,8 +225,55 @@ def test_body_exception_releases_the_lease(sqlite_url: str) -> None:
             raise RuntimeError("first attempt fails")
         return self.lease.token
 
-    failed = job.apply(args=(1,))
-    assert failed.state == "FAILURE" and isinstance(failed.result, RuntimeError)
-    record = open_store(sqlite_url).get("fail:1")
-    assert record is not None and (record.state, record.token) == (LeaseState.READY, 1)
     assert job.apply(args=(1,)).get() == 2
+    assert attempts == [1, 2]
+    record = open_store(sqlite_url).get("fail:1")
+    assert record is not None and (record.state, record.token, record.attempts) == (
+        LeaseState.DONE, 2, 2)
+
+
+def test_exhausted_attempts_and_permanent_errors_go_dead(sqlite_url: str) -> None:
+    """A transient error is tried lease_max_attempts times, then the key is dead with the
+    reason; a permanent error goes dead on the first attempt. Later deliveries are ignored."""
+    app = make_app(sqlite_url, lease_max_attempts=3)
+    calls: list[str] = []
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="always:{n}",
+              permanent_errors=(KeyError,))
+    def job(self: LeasedTask, n: int, error: str) -> None:
+        calls.append(error)
+        raise {"transient": RuntimeError, "permanent": KeyError}[error](f"boom {n}")
+
+    failed = job.apply(args=(1, "transient"))
+    assert failed.state == "FAILURE" and isinstance(failed.result, RuntimeError)
+    record = open_store(sqlite_url).get("always:1")
+    assert record is not None and (record.state, record.attempts) == (LeaseState.DEAD, 3)
+    assert "3 attempts exhausted" in (record.reason or "")
+    assert calls == ["transient"] * 3
+
+    calls.clear()
+    assert job.apply(args=(2, "permanent")).state == "FAILURE"
+    record = open_store(sqlite_url).get("always:2")
+    assert record is not None and (record.state, record.attempts) == (LeaseState.DEAD, 1)
+    assert (record.reason or "").startswith("permanent error: KeyError")
+    assert calls == ["permanent"]
+    assert job.apply(args=(2, "permanent")).state == "IGNORED"  # dead is terminal
+    assert calls == ["permanent"]
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"lease_max_attempts": 0}, r"lease_max_attempts \(setting lease_max_attempts\) must be"),
+    ({"lease_max_takeovers": 1.5}, r"lease_max_takeovers .* whole number"),
+    ({"lease_backoff_base": -1}, r"lease_backoff_base"),
+    ({"lease_backoff_base": 10, "lease_backoff_max": 5}, r"lease_backoff_max .* is below"),
+])
+def test_invalid_policy_settings_are_refused(conf: dict[str, Any], message: str) -> None:
+    """Bad failure-policy settings stop the app at registration, naming the setting."""
+    app = Celery("badpolicy", broker="memory://", set_as_current=False)
+    app.conf.update(conf)
+
+    @app.task(base=LeasedTask, shared=False)
+    def job() -> None: ...
+
+    with pytest.raises(ConfigError, match=message):
+        app.finalize()

@@ -197,16 +197,17 @@ def test_celery_retry_releases_and_reclaims_with_faulty_receivers(workers: Worke
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5")
-def test_non_json_result_fails_the_task_and_frees_the_key(workers: WorkerPool) -> None:
-    """A result the store cannot hold fails the task with ResultNotSerializable, and the key is
-    released (ready), not left running until expiry and not marked done."""
+def test_non_json_result_fails_the_task_and_kills_the_key(workers: WorkerPool) -> None:
+    """A result the store cannot hold fails the task with ResultNotSerializable, a permanent
+    error: the key goes dead with the reason (not left running until expiry, not done)."""
     workers.start("a", concurrency=1)
     job = _job()
     result = workers.client.send_task("tests.worker_app.not_json", args=(job,))
     with pytest.raises(Exception, match="JSON-serializable"):
         result.get(timeout=30)
     record = _record(workers, f"job:{job}")
-    assert record is not None and (record.state, record.token) == (LeaseState.READY, 1)
+    assert record is not None and (record.state, record.token) == (LeaseState.DEAD, 1)
+    assert "ResultNotSerializable" in (record.reason or "")
 
 
 def test_unavailable_store_defers_the_delivery_instead_of_losing_it(

@@ -11,13 +11,13 @@ import abc
 import importlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, InvalidKey, ResultNotSerializable, StoreError
-from ..models import EffectState, Lease, LeaseRecord, Receipt
+from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 
 if TYPE_CHECKING:
     from ..effects import Effects
@@ -54,13 +54,16 @@ class Store(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+    def claim(self, key: str, *, owner: str, ttl: float,
+              task: Mapping[str, Any] | None = None) -> Lease | None:
         """Atomically take ``key`` for ``owner`` until store-now + ``ttl``.
 
-        Succeeds when the key has no row, is ``ready``, or is ``running`` with
-        ``expires_at <= now``; the token becomes the previous token + 1 (1 for a new key) and
-        ``attempts`` grows by one. Returns ``None`` when a live lease holds the key or the key is
-        ``done``/``dead``.
+        Succeeds when the key has no row, is ``ready`` and past its ``not_before``, or is
+        ``running`` with ``expires_at <= now`` (a takeover: ``takeovers`` + 1). The token becomes
+        the previous token + 1 (1 for a new key), ``attempts`` grows by one, ``not_before`` is
+        cleared. ``task`` (JSON: name, id, args, kwargs, options) is recorded so the task can be
+        re-published without its message. Returns ``None`` when a live lease holds the key, it is
+        backing off, or it is ``done``/``dead``.
         """
 
     @abc.abstractmethod
@@ -89,11 +92,54 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
         """Give the key back early (state ``ready``) if ``lease`` is still current.
 
         The token is kept, so the next claim gets token + 1. A released lease can neither renew
-        nor finish. Returns ``False`` when the lease was not current.
+        nor finish. ``delay`` > 0 sets ``not_before`` = now + delay (backoff); ``reason`` is
+        recorded. Returns ``False`` when the lease was not current.
+        """
+
+    @abc.abstractmethod
+    def kill(self, lease: Lease, *, reason: str) -> bool:
+        """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current."""
+
+    # -- operator actions: conditional on the row's state, not on a lease -------------------
+
+    @abc.abstractmethod
+    def force_release(self, key: str, *, reason: str) -> bool:
+        """Make a ``running`` row ``ready`` whoever holds it (recorded in ``reason``).
+
+        The holder's renew and finish then fail, so its result is refused.
+        """
+
+    @abc.abstractmethod
+    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
+        """``dead`` → ``ready`` with attempts and takeovers reset; the token continues.
+
+        Returns the updated record, or ``None`` if the key was not dead.
+        """
+
+    @abc.abstractmethod
+    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
+             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
+        """Rows matching every given filter, most recently updated first."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """Row counts by state, and how many running rows have expired."""
+
+    @abc.abstractmethod
+    def purge_older_than(self, seconds: float) -> int:
+        """Delete ``done``/``dead`` rows not updated for ``seconds``; tokens are retired."""
+
+    @abc.abstractmethod
+    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
+        """Mark and return running rows whose lease expired and that carry task info.
+
+        Each expired generation (key + token) is returned to one caller only, once: the mark is
+        a conditional write. The caller re-publishes the task so recovery does not wait on the
+        broker's redelivery.
         """
 
     @abc.abstractmethod
@@ -107,6 +153,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str) -> LeaseRecord | None:
         """Return a snapshot of the row for ``key``, or ``None`` if there is none."""
+
+    def settled_by(self, lease: Lease, state: LeaseState) -> bool:
+        """Did ``lease`` itself move its key to ``state``? (Checked after a refusal.)
+
+        A write whose reply was lost and that the driver then re-sent is refused the second
+        time although the first one took effect. Only the holder of ``lease`` can settle the
+        row with its own owner and token, so finding them there means the write was ours.
+        """
+        record = self.get(lease.key)
+        return (record is not None and record.state is state and record.token == lease.token
+                and record.owner == lease.owner)
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Any]:
         """A transaction on the store's database in which ``lease`` is verified current.
@@ -181,6 +238,7 @@ def check_key(key: object) -> str:
         raise InvalidKey(f"lease key must be a str, got {type(key).__name__}: {key!r}")
     if not key or not key.strip():
         raise InvalidKey("lease key must not be empty")
+    _check_text(key, "lease key", InvalidKey)
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(
             f"lease key is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}: {key[:40]!r}…"
@@ -201,10 +259,35 @@ def check_ttl(ttl: object, *, name: str = "ttl") -> float:
     return value
 
 
+def check_delay(seconds: object, *, name: str = "delay") -> float:
+    """Return ``seconds`` as a finite float >= 0, else raise ``ConfigError``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {seconds!r}")
+    return float(seconds)
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a whole number >= 1, got {limit!r}")
+    return limit
+
+
 def check_owner(owner: object) -> str:
     if not isinstance(owner, str) or not owner.strip():
         raise ConfigError(f"lease owner must be a non-empty str, got {owner!r}")
+    _check_text(owner, "lease owner", ConfigError)
     return owner
+
+
+def _check_text(text: str, what: str, error: type[Exception]) -> None:
+    """Refuse what some store cannot hold: NUL (PostgreSQL text) and unpaired surrogates."""
+    if "\x00" in text:
+        raise error(f"{what} must not contain NUL characters: {text[:40]!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} is not valid Unicode text ({exc.reason}): {text[:40]!r}") from None
 
 
 def fence_params(lease: Lease) -> dict[str, Any]:
@@ -239,6 +322,17 @@ def encode_result(result: Any) -> str:
         raise ResultNotSerializable(
             f"lease results must be JSON-serializable; {type(result).__name__} is not ({exc})"
         ) from exc
+
+
+def encode_task(task: Mapping[str, Any] | None) -> str | None:
+    """Task info as JSON, or None when there is none (or it cannot be JSON: requeue then needs
+    the original message)."""
+    if task is None:
+        return None
+    try:
+        return json.dumps(dict(task), allow_nan=False, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError):
+        return None
 
 
 def decode_result(text: str | None) -> Any:

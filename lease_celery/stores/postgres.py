@@ -14,20 +14,25 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
-from ..models import EffectState, Lease, LeaseRecord, Receipt
+from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     Clock,
     Store,
+    check_delay,
     check_key,
+    check_limit,
     check_owner,
     check_ttl,
+    decode_result,
     encode_result,
+    encode_task,
     fence_params,
     lease_params,
     number_option,
@@ -123,7 +128,6 @@ class PostgresStore(Store):
             if self.schema != "public":
                 conn.execute(self._q["create_schema"])
             conn.execute(self._q["create_leases"])
-            conn.execute(self._q["create_retired"])
             conn.execute(self._q["create_effects"])
             conn.execute(self._q["create_fence"])
             conn.execute(self._q["create_meta"])
@@ -140,17 +144,26 @@ class PostgresStore(Store):
             if pool is not None and self._pid == os.getpid():
                 pool.close()
 
-    def _run(self, operation: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        """Run ``operation`` on a pooled connection; replace broken connections and retry."""
+    def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
+             if_resent: Callable[[_T], _T] | None = None) -> _T:
+        """Run ``operation`` on a pooled connection; replace broken connections and retry.
+
+        A statement that failed with a connection error may have committed before its reply
+        was lost; its re-sent copy is then judged against the row the first one changed. When
+        that happened, ``if_resent`` gets the re-sent copy's result to correct it.
+        """
         started = time.perf_counter()
         waited = 0.0  # sleeps added up: bounded even where a test freezes the clocks
         attempt = 0
+        maybe_sent = False
         while True:
             pool = self._get_pool()
             try:
                 with pool.connection() as conn:
-                    return operation(conn)
+                    result = operation(conn)
+                return if_resent(result) if maybe_sent and if_resent is not None else result
             except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+                maybe_sent = maybe_sent or isinstance(exc, psycopg.OperationalError)
                 attempt += 1
                 spent = max(waited, time.perf_counter() - started)
                 if spent >= self.reconnect_timeout:
@@ -170,11 +183,24 @@ class PostgresStore(Store):
 
     # -- contract ---------------------------------------------------------------------------
 
-    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+    def claim(self, key: str, *, owner: str, ttl: float,
+              task: Mapping[str, Any] | None = None) -> Lease | None:
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
-        row = self._run(lambda conn: conn.execute(
-            self._q["claim"], self._params(key=key, owner=owner, ttl=ttl)).fetchone())
-        return None if row is None else Lease(key, owner, int(row[0]), float(row[1]), int(row[2]))
+        params = self._params(key=key, owner=owner, ttl=ttl, task=encode_task(task),
+                              nonce=uuid.uuid4().hex)
+        def claim(conn: psycopg.Connection[Any]) -> Any:
+            return conn.execute(self._q["claim"], params).fetchone()
+
+        def claimed_by(row: Any) -> Any:
+            # Refused after a re-send: did the first send win? Its nonce would be on the row.
+            return row or self._run(
+                lambda conn: conn.execute(self._q["claimed_by"], params).fetchone())
+
+        row = self._run(claim, if_resent=claimed_by)
+        if row is None:
+            return None
+        return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
+                     takeovers=int(row[4]))
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
         ttl = check_ttl(ttl)
@@ -195,15 +221,57 @@ class PostgresStore(Store):
     def finish(self, lease: Lease, result: Any = None) -> bool:
         encoded = encode_result(result)
         params = fence_params(lease)
-        row = self._run(lambda conn: conn.execute(
-            self._q["finish"], self._params(result=encoded, **params)).fetchone())
-        return row is not None
+        return self._settle("finish", lease, LeaseState.DONE, result=encoded, **params)
 
-    def release(self, lease: Lease) -> bool:
-        params = fence_params(lease)
-        row = self._run(lambda conn: conn.execute(
-            self._q["release"], self._params(**params)).fetchone())
-        return row is not None
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
+        return self._settle("release", lease, LeaseState.READY, **fence_params(lease),
+                            delay=check_delay(delay), reason=reason)
+
+    def kill(self, lease: Lease, *, reason: str) -> bool:
+        return self._settle("kill", lease, LeaseState.DEAD, **fence_params(lease), reason=reason)
+
+    def _settle(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
+        """A fenced write; a refusal of a re-sent copy is checked against the row."""
+        bound = self._params(**params)
+
+        def write(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(self._q[query], bound).fetchone() is not None
+
+        def check(ok: bool) -> bool:
+            return ok or self.settled_by(lease, state)
+
+        return self._run(write, if_resent=check)
+
+    # -- operator actions -------------------------------------------------------------------
+
+    def force_release(self, key: str, *, reason: str) -> bool:
+        return self._returns_row("force_release", key=check_key(key), reason=reason)
+
+    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
+        key = check_key(key)
+        return self.get(key) if self._returns_row("requeue", key=key, reason=reason) else None
+
+    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
+             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
+        params = {"state": None if state is None else LeaseState(state).value,
+                  "prefix": prefix, "owner": owner, "limit": check_limit(limit)}
+        rows = self._run(lambda conn: conn.execute(self._q["list"], params).fetchall())
+        return [_record(row) for row in rows]
+
+    def stats(self) -> StoreStats:
+        rows = self._run(lambda conn: conn.execute(self._q["stats"],
+                                                   self._params()).fetchall())
+        return StoreStats(counts={state: int(n) for state, n, _ in rows},
+                          expired=sum(int(expired) for _, _, expired in rows))
+
+    def purge_older_than(self, seconds: float) -> int:
+        params = self._params(seconds=check_delay(seconds))
+        return len(self._run(lambda conn: conn.execute(self._q["purge_old"], params).fetchall()))
+
+    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
+        params = self._params(limit=check_limit(limit))
+        rows = self._run(lambda conn: conn.execute(self._q["sweep"], params).fetchall())
+        return [record for (key,) in rows if (record := self.get(key)) is not None]
 
     def purge(self, key: str) -> bool:
         key = check_key(key)
@@ -214,7 +282,7 @@ class PostgresStore(Store):
     def get(self, key: str) -> LeaseRecord | None:
         key = check_key(key)
         row = self._run(lambda conn: conn.execute(self._q["get"], {"key": key}).fetchone())
-        return None if row is None else LeaseRecord.from_row(row, result=row[6])
+        return None if row is None else _record(row)
 
     def now(self) -> float:
         if self._clock is not None:
@@ -236,7 +304,7 @@ class PostgresStore(Store):
     def effect_get(self, key: str) -> Receipt | None:
         key = check_key(key)
         row = self._run(lambda conn: conn.execute(self._q["effect_get"], {"key": key}).fetchone())
-        return None if row is None else Receipt.from_row(row, result=row[8])
+        return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
 
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
@@ -284,3 +352,7 @@ def _int_option(url: str, name: str, raw: str) -> int:
         raise ConfigError(f"postgres URL option {name}={raw!r} in {url!r} must be a whole "
                           "number >= 1")
     return value
+
+
+def _record(row: Sequence[Any]) -> LeaseRecord:
+    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_result(row[12]))

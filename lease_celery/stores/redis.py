@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
-from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
+from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     Clock,
     Store,
+    check_delay,
     check_key,
+    check_limit,
     check_owner,
     check_ttl,
     decode_result,
     encode_result,
+    encode_task,
     fence_params,
     lease_params,
 )
@@ -34,6 +38,8 @@ from .queries import load_queries
 
 try:
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigError("the Redis lease store needs redis-py: pip install 'lease-celery[redis]'"
                       ) from exc
@@ -63,9 +69,11 @@ class RedisStore(Store):
         query.setdefault("socket_timeout", "5")
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
         try:
+            # redis-py would silently re-send after a dropped connection; _call does it instead,
+            # knowing that a re-sent write may be judged against the first one's effect.
             self._client = redis.Redis.from_url(
                 urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), "")),
-                decode_responses=True)
+                decode_responses=True, retry=Retry(NoBackoff(), 0))
         except ValueError as exc:
             raise ConfigError(f"redis lease store URL {url!r}: {exc}") from exc
         # redis-py's connection pool notices fork() by pid and reconnects in the child.
@@ -79,22 +87,54 @@ class RedisStore(Store):
     def _injected_now(self) -> str:
         return "" if self._clock is None else repr(float(self._clock()))
 
-    def _call(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return self._scripts[script](keys=keys, args=[self._injected_now(), *args])
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+    def _call(self, script: str, keys: list[str], args: list[Any], *,
+              if_resent: Callable[[Any], Any] | None = None) -> Any:
+        """Run one script; after a dropped connection, send it once more (see ``if_resent``).
+
+        A script whose reply was lost may have run; ``if_resent`` corrects the re-sent copy's
+        answer, which is judged against the first one's effect.
+        """
+        for attempt in (1, 2):
+            try:
+                reply = self._scripts[script](keys=keys, args=[self._injected_now(), *args])
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if attempt == 2:
+                    raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+                logger.warning("redis lease store at %s: %s; sending again", self._where, exc)
+                continue
+            except redis.RedisError as exc:
+                raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+            return if_resent(reply) if attempt == 2 and if_resent is not None else reply
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- contract ---------------------------------------------------------------------------
 
-    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+    def claim(self, key: str, *, owner: str, ttl: float,
+              task: Mapping[str, Any] | None = None) -> Lease | None:
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        nonce = uuid.uuid4().hex
         reply = self._call("claim", [*self._keys(key), f"{self.prefix}fence"],
-                           [owner, repr(ttl)])
+                           [owner, repr(ttl), encode_task(task) or "", nonce],
+                           # Refused after a re-send: did the first send win? Its nonce would
+                           # be on the row.
+                           if_resent=lambda reply: reply or self._claimed_by(key, owner, nonce))
         if not reply:
             return None
-        token, deadline, fence = reply
-        return Lease(key, owner, int(token), float(deadline), int(fence))
+        token, deadline, fence, attempts, takeovers = reply
+        return Lease(key, owner, int(token), float(deadline), int(fence),
+                     attempts=int(attempts), takeovers=int(takeovers))
+
+    def _claimed_by(self, key: str, owner: str, nonce: str) -> list[str] | None:
+        try:
+            fields = self._client.hmget(self._keys(key)[0], [
+                "state", "owner", "nonce", "token", "expires_at", "fence", "attempts",
+                "takeovers"])
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+        state, row_owner, row_nonce, *rest = (str(v) if v is not None else None for v in fields)
+        if (state, row_owner, row_nonce) != ("running", owner, nonce):
+            return None
+        return [v or "0" for v in rest]
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
         ttl = check_ttl(ttl)
@@ -113,16 +153,82 @@ class RedisStore(Store):
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         return self.renew_many([lease], ttl=ttl)[lease.key]
 
-    def finish(self, lease: Lease, result: Any = None) -> bool:
-        encoded = encode_result(result)
+    def _settle(self, lease: Lease, state: LeaseState, *, result: str = "",
+                reason: str | None = None, delay: float = 0.0) -> bool:
         params = fence_params(lease)
-        return bool(self._call("finish", self._keys(lease.key)[:1],
-                               [params["owner"], str(params["token"]), "done", encoded]))
+        return bool(self._call("settle", self._keys(lease.key)[:1], [
+            params["owner"], str(params["token"]), state.value, result, reason or "",
+            repr(delay)], if_resent=lambda ok: ok or self.settled_by(lease, state)))
 
-    def release(self, lease: Lease) -> bool:
-        params = fence_params(lease)
-        return bool(self._call("finish", self._keys(lease.key)[:1],
-                               [params["owner"], str(params["token"]), "ready", ""]))
+    def finish(self, lease: Lease, result: Any = None) -> bool:
+        return self._settle(lease, LeaseState.DONE, result=encode_result(result))
+
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
+        return self._settle(lease, LeaseState.READY, reason=reason, delay=check_delay(delay))
+
+    def kill(self, lease: Lease, *, reason: str) -> bool:
+        return self._settle(lease, LeaseState.DEAD, reason=reason)
+
+    # -- operator actions (SCAN-based listing: fine for operations, not for a hot path) -----
+
+    def force_release(self, key: str, *, reason: str) -> bool:
+        return bool(self._call("force_release", self._keys(check_key(key))[:1], [reason]))
+
+    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
+        requeued = self._call("requeue", self._keys(check_key(key))[:1], [reason])
+        return self.get(key) if requeued else None
+
+    def _lease_keys(self) -> Iterator[str]:
+        """Every lease key in the store (its hash names, prefix stripped)."""
+        head = f"{self.prefix}lease:"
+        pattern = "".join(f"[{c}]" if c in "*?[]\\" else c for c in head) + "*"
+        try:
+            for name in self._client.scan_iter(match=pattern, count=500):
+                yield str(name)[len(head):]
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+
+    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
+             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
+        limit = check_limit(limit)
+        wanted = None if state is None else LeaseState(state)
+        records = [record for key in self._lease_keys()
+                   if (prefix is None or key.startswith(prefix))
+                   and (record := self.get(key)) is not None
+                   and (wanted is None or record.state is wanted)
+                   and (owner is None or record.owner == owner)]
+        records.sort(key=lambda r: r.updated_at or 0.0, reverse=True)
+        return records[:limit]
+
+    def stats(self) -> StoreStats:
+        now = self.now()
+        counts: dict[str, int] = {}
+        expired = 0
+        for key in self._lease_keys():
+            record = self.get(key)
+            if record is None:
+                continue
+            counts[record.state.value] = counts.get(record.state.value, 0) + 1
+            expired += (record.state is LeaseState.RUNNING
+                        and (record.expires_at or 0.0) <= now)
+        return StoreStats(counts=counts, expired=expired)
+
+    def purge_older_than(self, seconds: float) -> int:
+        seconds = check_delay(seconds)
+        return sum(int(self._call("purge_old", self._keys(key)[:1], [repr(seconds)]))
+                   for key in list(self._lease_keys()))
+
+    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
+        limit = check_limit(limit)
+        swept: list[LeaseRecord] = []
+        for key in self._lease_keys():
+            if len(swept) >= limit:
+                break
+            if self._call("sweep_mark", self._keys(key)[:1], []):
+                record = self.get(key)
+                if record is not None:
+                    swept.append(record)
+        return swept
 
     def purge(self, key: str) -> bool:
         return bool(self._call("purge", self._keys(check_key(key)), []))
@@ -140,7 +246,10 @@ class RedisStore(Store):
                            token=int(row["token"]), expires_at=float(row["expires_at"]),
                            attempts=int(row.get("attempts", 0)),
                            result=decode_result(row.get("result")),
-                           updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)))
+                           updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)),
+                           takeovers=int(row.get("takeovers", 0)),
+                           not_before=float(row["not_before"]) if "not_before" in row else None,
+                           reason=row.get("reason"), task=decode_result(row.get("task")))
 
     # -- effect receipts --------------------------------------------------------------------
 

@@ -14,21 +14,24 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
-from ..models import EffectState, Lease, LeaseRecord, Receipt
+from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     Clock,
     Store,
+    check_delay,
     check_key,
+    check_limit,
     check_owner,
     check_ttl,
     decode_result,
     encode_result,
+    encode_task,
     fence_params,
     lease_params,
     number_option,
@@ -196,16 +199,20 @@ class SQLiteStore(Store):
 
     # -- contract ---------------------------------------------------------------------------
 
-    def claim(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+    def claim(self, key: str, *, owner: str, ttl: float,
+              task: Mapping[str, Any] | None = None) -> Lease | None:
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        task_json = encode_task(task)
 
         def body(conn: sqlite3.Connection, now: float) -> Lease | None:
             row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
-                                             "expires_at": now + ttl}).fetchone()
+                                             "expires_at": now + ttl, "task": task_json}
+                               ).fetchone()
             if row is None:
                 return None
             conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
-            return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]))
+            return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]),
+                         attempts=int(row[3]), takeovers=int(row[4]))
 
         return self._write(body)
 
@@ -233,9 +240,68 @@ class SQLiteStore(Store):
         return self._write(lambda conn, now: conn.execute(
             _Q["finish"], {**fence_params(lease), "now": now, "result": encoded}).rowcount == 1)
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
+        delay = check_delay(delay)
+        return self._write(lambda conn, now: conn.execute(_Q["release"], {
+            **fence_params(lease), "now": now, "reason": reason,
+            "not_before": now + delay if delay else None}).rowcount == 1)
+
+    def kill(self, lease: Lease, *, reason: str) -> bool:
         return self._write(lambda conn, now: conn.execute(
-            _Q["release"], {**fence_params(lease), "now": now}).rowcount == 1)
+            _Q["kill"], {**fence_params(lease), "now": now, "reason": reason}).rowcount == 1)
+
+    # -- operator actions -------------------------------------------------------------------
+
+    def force_release(self, key: str, *, reason: str) -> bool:
+        key = check_key(key)
+        return self._write(lambda conn, now: conn.execute(
+            _Q["force_release"], {"key": key, "now": now, "reason": reason}).rowcount == 1)
+
+    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
+        key = check_key(key)
+        requeued = self._write(lambda conn, now: conn.execute(
+            _Q["requeue"], {"key": key, "now": now, "reason": reason}).fetchone() is not None)
+        return self.get(key) if requeued else None
+
+    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
+             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
+        params = {"state": None if state is None else LeaseState(state).value,
+                  "prefix": prefix, "owner": owner, "limit": check_limit(limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["list"], params).fetchall())
+        return [self._record(row) for row in rows]
+
+    def stats(self) -> StoreStats:
+        rows = self._read(lambda conn: conn.execute(_Q["stats"], {"now": self._now()}).fetchall())
+        return StoreStats(counts={state: int(n) for state, n, _ in rows},
+                          expired=sum(int(expired or 0) for _, _, expired in rows))
+
+    def purge_older_than(self, seconds: float) -> int:
+        seconds = check_delay(seconds)
+
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            conn.execute(_Q["retire_old"], {"cutoff": now - seconds})
+            return int(conn.execute(_Q["purge_old"], {"cutoff": now - seconds}).rowcount)
+
+        return self._write(body)
+
+    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
+        params = {"limit": check_limit(limit)}
+
+        def body(conn: sqlite3.Connection, now: float) -> list[str]:
+            keys = [k for (k,) in conn.execute(_Q["sweep_candidates"], {**params, "now": now})]
+            return [k for k in keys
+                    if conn.execute(_Q["sweep_mark"], {"key": k, "now": now}).fetchone()]
+
+        return [record for key in self._write(body) if (record := self.get(key)) is not None]
+
+    def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._lock:
+            return self._retry_busy(lambda: query(self._connection()))
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> LeaseRecord:
+        return LeaseRecord.from_row(row, result=decode_result(row[6]),
+                                    task=decode_result(row[12]))
 
     def purge(self, key: str) -> bool:
         key = check_key(key)
@@ -248,10 +314,8 @@ class SQLiteStore(Store):
 
     def get(self, key: str) -> LeaseRecord | None:
         key = check_key(key)
-        with self._lock:
-            row = self._retry_busy(
-                lambda: self._connection().execute(_Q["get"], {"key": key}).fetchone())
-        return None if row is None else LeaseRecord.from_row(row, result=decode_result(row[6]))
+        row = self._read(lambda conn: conn.execute(_Q["get"], {"key": key}).fetchone())
+        return None if row is None else self._record(row)
 
     def now(self) -> float:
         return self._now()
@@ -265,9 +329,7 @@ class SQLiteStore(Store):
 
     def effect_get(self, key: str) -> Receipt | None:
         key = check_key(key)
-        with self._lock:
-            row = self._retry_busy(
-                lambda: self._connection().execute(_Q["effect_get"], {"key": key}).fetchone())
+        row = self._read(lambda conn: conn.execute(_Q["effect_get"], {"key": key}).fetchone())
         return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
 
     def effect_update(self, key: str, *, version: int, state: EffectState,

@@ -12,12 +12,20 @@ CREATE SCHEMA IF NOT EXISTS {schema}
 -- name: create_leases
 CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
     key         text             PRIMARY KEY,
-    state       text             NOT NULL CHECK (state IN ('ready', 'running', 'done', 'dead')),
+    -- 'purged': a tombstone that keeps the key's token after purge (see below); never shown.
+    state       text             NOT NULL
+                CHECK (state IN ('ready', 'running', 'done', 'dead', 'purged')),
     owner       text,
     token       bigint           NOT NULL CHECK (token >= 0),
     expires_at  double precision,
-    attempts    integer          NOT NULL DEFAULT 0,
-    result      jsonb,
+    attempts    integer          NOT NULL DEFAULT 0,  -- claims so far (reset by requeue)
+    takeovers   integer          NOT NULL DEFAULT 0,  -- claims that found the lease expired
+    not_before  double precision,                     -- backoff: not claimable before this
+    reason      text,                                 -- last error, why dead, operator's note
+    task        text,                                 -- JSON: what re-publishes the task
+    swept_token bigint,                               -- expired token a sweeper re-published
+    nonce       text,                                 -- the claim call that wrote this token
+    result      text,  -- JSON as the library wrote it (jsonb would refuse \u0000, reshape numbers)
     updated_at  double precision NOT NULL,
     fence       bigint           NOT NULL DEFAULT 0
 )
@@ -25,13 +33,6 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
 -- name: create_fence
 -- The store-wide fence: a sequence, drawn by every claim (gaps are harmless, order is not lost).
 CREATE SEQUENCE IF NOT EXISTS {schema}.lease_celery_fence
-
--- name: create_retired
--- The last token of every purged key: a re-created key continues from it, never from 1.
-CREATE TABLE IF NOT EXISTS {schema}.lease_celery_retired (
-    key    text   PRIMARY KEY,
-    token  bigint NOT NULL
-)
 
 -- name: create_effects
 -- Effect receipts (lease_celery.effects): one row per business key. Every change bumps
@@ -46,7 +47,7 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_effects (
     lease_owner  text,
     started_at   double precision NOT NULL,
     attempts     integer          NOT NULL,
-    result       jsonb,
+    result       text,
     version      bigint           NOT NULL,
     updated_at   double precision NOT NULL
 )
@@ -69,30 +70,46 @@ SELECT COALESCE(%(now)s::double precision,
                 extract(epoch FROM clock_timestamp())::double precision)
 
 -- name: claim
--- One statement: a new key starts at token 1 (or after its retired token); a conflicting row is locked and re-checked in its
--- latest version, and taken only when ready or expired (expires_at <= now).
+-- One statement: a new key starts at token 1; a conflicting row is locked and re-checked in its
+-- latest version, and taken only when purged, ready and past its backoff, or running with an
+-- expired lease (expires_at <= now: a takeover). Purge never deletes a row (it leaves a
+-- tombstone), so a claim can never miss a purged key's token: under READ COMMITTED a claim that
+-- waited on a concurrent DELETE would insert with a token read from a stale snapshot.
 WITH clock AS (
     SELECT COALESCE(%(now)s::double precision,
                     extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 INSERT INTO {schema}.lease_celery_leases AS l
-       (key, state, owner, token, expires_at, attempts, result, updated_at, fence)
-SELECT %(key)s, 'running', %(owner)s,
-       COALESCE((SELECT r.token FROM {schema}.lease_celery_retired AS r WHERE r.key = %(key)s),
-                0) + 1,
-       clock.now + %(ttl)s, 1, NULL, clock.now, nextval('{schema}.lease_celery_fence')
+       (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at, fence,
+        task, nonce)
+SELECT %(key)s, 'running', %(owner)s, 1, clock.now + %(ttl)s, 1, 0, NULL, clock.now, nextval('{schema}.lease_celery_fence'),
+       %(task)s, %(nonce)s
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
     owner      = EXCLUDED.owner,
     token      = l.token + 1,
     expires_at = EXCLUDED.expires_at,
-    attempts   = l.attempts + 1,
+    attempts   = CASE WHEN l.state = 'purged' THEN 1 ELSE l.attempts + 1 END,
+    takeovers  = CASE WHEN l.state = 'running' THEN l.takeovers + 1
+                      WHEN l.state = 'purged' THEN 0 ELSE l.takeovers END,
+    not_before = NULL,
     result     = NULL,
     updated_at = EXCLUDED.updated_at,
-    fence      = EXCLUDED.fence
-WHERE l.state = 'ready' OR (l.state = 'running' AND l.expires_at <= EXCLUDED.updated_at)
-RETURNING token, expires_at, fence
+    fence      = EXCLUDED.fence,
+    task       = COALESCE(EXCLUDED.task, l.task),
+    nonce      = EXCLUDED.nonce
+WHERE l.state = 'purged'
+   OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= EXCLUDED.updated_at))
+   OR (l.state = 'running' AND l.expires_at <= EXCLUDED.updated_at)
+RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers
+
+-- name: claimed_by
+-- After a refused claim: did this very claim call (its nonce) win, its reply lost and the
+-- statement re-sent? Then the row carries the nonce.
+SELECT token, expires_at, fence, attempts, takeovers
+FROM {schema}.lease_celery_leases
+WHERE key = %(key)s AND state = 'running' AND owner = %(owner)s AND nonce = %(nonce)s
 
 -- name: renew_many
 -- Each (key, owner, token) is renewed only while running, its own, and not expired.
@@ -114,23 +131,102 @@ WITH clock AS (
                     extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 UPDATE {schema}.lease_celery_leases AS l
-SET state = 'done', result = %(result)s::jsonb, expires_at = clock.now, updated_at = clock.now
+SET state = 'done', result = %(result)s, expires_at = clock.now, updated_at = clock.now,
+    reason = NULL
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > clock.now
 RETURNING l.token
 
 -- name: release
+-- Give back early; %(delay)s > 0 sets the backoff before the next claim.
 WITH clock AS (
     SELECT COALESCE(%(now)s::double precision,
                     extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 UPDATE {schema}.lease_celery_leases AS l
-SET state = 'ready', expires_at = clock.now, updated_at = clock.now
+SET state = 'ready', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s,
+    not_before = CASE WHEN %(delay)s::double precision > 0
+                      THEN clock.now + %(delay)s::double precision END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > clock.now
 RETURNING l.token
+
+-- name: kill
+-- The current holder gives up for good: dead until a person requeues it.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET state = 'dead', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s
+FROM clock
+WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
+  AND l.expires_at > clock.now
+RETURNING l.token
+
+-- name: force_release
+-- An operator's override: a running row becomes ready whoever holds it. The holder's renew and
+-- finish then fail (state is no longer running), so its result is refused.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET state = 'ready', expires_at = clock.now, updated_at = clock.now, not_before = NULL,
+    reason = %(reason)s
+FROM clock
+WHERE l.key = %(key)s AND l.state = 'running'
+RETURNING l.token
+
+-- name: requeue
+-- dead -> ready with a fresh budget of attempts; the token continues.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = clock.now,
+    reason = %(reason)s
+FROM clock
+WHERE l.key = %(key)s AND l.state = 'dead'
+RETURNING l.token
+
+-- name: sweep
+-- Mark and return running rows whose lease expired, one expired generation to one sweeper:
+-- SKIP LOCKED lets concurrent sweepers split the rows, the mark makes it once per token.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now),
+candidates AS (
+    SELECT l.key FROM {schema}.lease_celery_leases AS l, clock
+    WHERE l.state = 'running' AND l.expires_at <= clock.now AND l.task IS NOT NULL
+      AND l.swept_token IS DISTINCT FROM l.token
+    ORDER BY l.expires_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.lease_celery_leases AS l
+SET swept_token = l.token
+FROM candidates, clock
+WHERE l.key = candidates.key AND l.state = 'running' AND l.expires_at <= clock.now
+  AND l.swept_token IS DISTINCT FROM l.token
+RETURNING l.key
+
+-- name: list
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
+       not_before, reason, task
+FROM {schema}.lease_celery_leases
+WHERE state <> 'purged' AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(prefix)s::text IS NULL OR left(key, length(%(prefix)s::text)) = %(prefix)s::text)
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+ORDER BY updated_at DESC
+LIMIT %(limit)s
+
+-- name: stats
+SELECT state, count(*),
+       count(*) FILTER (WHERE state = 'running' AND expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
+FROM {schema}.lease_celery_leases WHERE state <> 'purged' GROUP BY state
+
+-- name: purge_old
+-- Tombstone old done/dead rows: only key and token remain, so tokens never restart.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision,
+                               extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
+    not_before = NULL, swept_token = NULL, updated_at = clock.now
+FROM clock
+WHERE l.state IN ('done', 'dead') AND l.updated_at < clock.now - %(seconds)s
+RETURNING l.key
 
 -- name: lock_current
 -- The fencing predicate under a row lock, for store.fenced(): no claim can take the row over
@@ -143,24 +239,21 @@ WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.toke
 FOR UPDATE
 
 -- name: get
-SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
-FROM {schema}.lease_celery_leases WHERE key = %(key)s
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
+       not_before, reason, task
+FROM {schema}.lease_celery_leases WHERE key = %(key)s AND state <> 'purged'
 
 -- name: purge
--- Delete the row unless a live lease holds it, and retire its token in the same statement.
-WITH clock AS (
-    SELECT COALESCE(%(now)s::double precision,
-                    extract(epoch FROM clock_timestamp())::double precision) AS now
-), gone AS (
-    DELETE FROM {schema}.lease_celery_leases AS l
-    USING clock
-    WHERE l.key = %(key)s AND (l.state <> 'running' OR l.expires_at <= clock.now)
-    RETURNING l.key, l.token
-)
-INSERT INTO {schema}.lease_celery_retired AS r (key, token)
-SELECT key, token FROM gone
-ON CONFLICT (key) DO UPDATE SET token = GREATEST(r.token, EXCLUDED.token)
-RETURNING r.token
+-- Tombstone the row unless a live lease holds it: only key and token remain.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision,
+                               extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
+    not_before = NULL, swept_token = NULL, updated_at = clock.now
+FROM clock
+WHERE l.key = %(key)s AND l.state <> 'purged'
+  AND (l.state <> 'running' OR l.expires_at <= clock.now)
+RETURNING l.token
 
 -- name: effect_insert
 INSERT INTO {schema}.lease_celery_effects
@@ -179,7 +272,7 @@ FROM {schema}.lease_celery_effects WHERE key = %(key)s
 
 -- name: effect_update
 UPDATE {schema}.lease_celery_effects
-SET state = %(state)s, result = %(result)s::jsonb, version = version + 1,
+SET state = %(state)s, result = %(result)s, version = version + 1,
     updated_at = COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 WHERE key = %(key)s AND version = %(version)s
 RETURNING key

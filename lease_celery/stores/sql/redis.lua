@@ -15,19 +15,25 @@ local function fmt(x) return string.format('%.6f', x) end
 
 -- name: claim
 -- KEYS: lease hash, token counter, store-wide fence counter. ARGV: injected_now, owner, ttl
+-- ARGV[4]: task JSON ('' to keep what is recorded); ARGV[5]: this claim call's nonce.
 local t = now(ARGV[1])
-local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
-if state and state ~= 'ready' and not (state == 'running' and tonumber(expires_at) <= t) then
+local state, expires_at, not_before = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'expires_at', 'not_before'))
+local takeover = state == 'running' and tonumber(expires_at) <= t
+local ready = state == 'ready' and (not not_before or tonumber(not_before) <= t)
+if state and not ready and not takeover then
   return false
 end
 local token = redis.call('INCR', KEYS[2])
 local fence = redis.call('INCR', KEYS[3])  -- the store-wide fence
 local deadline = fmt(t + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
-           'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence)
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('HDEL', KEYS[1], 'result')
-return {tostring(token), deadline, tostring(fence)}
+           'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence, 'nonce', ARGV[5])
+local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
+redis.call('HDEL', KEYS[1], 'result', 'not_before')
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4]) end
+return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
 
 -- name: renew
 -- ARGV: injected_now, ttl, then (owner, token) per KEYS[i] (KEYS are lease hashes only)
@@ -47,8 +53,9 @@ for i, key in ipairs(KEYS) do
 end
 return out
 
--- name: finish
--- ARGV: injected_now, owner, token, new_state, result_json (or '' for none)
+-- name: settle
+-- finish (done), release (ready) and kill (dead), fenced on the current lease.
+-- ARGV: injected_now, owner, token, new_state, result_json, reason, delay ('' for none)
 local t = now(ARGV[1])
 local state, owner, token, expires_at = unpack(redis.call(
   'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
@@ -58,7 +65,50 @@ if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[6])
+else redis.call('HDEL', KEYS[1], 'reason') end
+if ARGV[7] ~= '' and tonumber(ARGV[7]) > 0 then
+  redis.call('HSET', KEYS[1], 'not_before', fmt(t + tonumber(ARGV[7])))
+end
 return 1
+
+-- name: force_release
+-- An operator's override: running -> ready whoever holds it. ARGV: injected_now, reason
+local t = now(ARGV[1])
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'ready', 'expires_at', fmt(t), 'updated_at', fmt(t),
+           'reason', ARGV[2])
+redis.call('HDEL', KEYS[1], 'not_before')
+return 1
+
+-- name: requeue
+-- dead -> ready with a fresh budget of attempts. ARGV: injected_now, reason
+local t = now(ARGV[1])
+if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
+           'updated_at', fmt(t), 'reason', ARGV[2])
+redis.call('HDEL', KEYS[1], 'not_before')
+return 1
+
+-- name: sweep_mark
+-- Mark one expired generation as re-published (once per token). ARGV: injected_now
+local t = now(ARGV[1])
+local state, expires_at, token, swept, task = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'expires_at', 'token', 'swept_token', 'task'))
+if state ~= 'running' or tonumber(expires_at) > t or not task or swept == token then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'swept_token', token)
+return 1
+
+-- name: purge_old
+-- Delete one done/dead hash last updated before now - ARGV[2] (its token counter stays).
+local t = now(ARGV[1])
+local state, updated_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'updated_at'))
+if (state == 'done' or state == 'dead') and tonumber(updated_at) < t - tonumber(ARGV[2]) then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 
 -- name: purge
 -- Delete the hash unless a live lease holds it; the token counter (KEYS[2]) stays.

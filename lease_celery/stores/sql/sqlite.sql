@@ -9,7 +9,12 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
     owner       TEXT,
     token       INTEGER NOT NULL CHECK (token >= 0),
     expires_at  REAL,
-    attempts    INTEGER NOT NULL DEFAULT 0,
+    attempts    INTEGER NOT NULL DEFAULT 0,  -- claims so far (reset by requeue)
+    takeovers   INTEGER NOT NULL DEFAULT 0,  -- claims that found the previous owner's lease expired
+    not_before  REAL,                        -- backoff: not claimable before this instant
+    reason      TEXT,                        -- last error, why dead, or an operator's note
+    task        TEXT,                        -- JSON: what is needed to re-publish the task
+    swept_token INTEGER,                     -- the expired token a sweeper already re-published
     result      TEXT,
     updated_at  REAL    NOT NULL,
     fence       INTEGER NOT NULL DEFAULT 0
@@ -66,25 +71,32 @@ INSERT INTO lease_celery_meta (name, value) VALUES ('schema_version', :version)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value
 
 -- name: claim
--- A new key starts at token 1 (or after its retired token); an existing row may be taken only when it is ready or its
--- lease has expired (expires_at <= now: the boundary instant counts as expired).
+-- A new key starts at token 1 (or after its retired token). An existing row may be taken only
+-- when it is ready and past its backoff, or running with an expired lease (expires_at <= now:
+-- the boundary instant counts as expired) -- a takeover. In the SET list, bare column names are
+-- the row's values before this update.
 INSERT INTO lease_celery_leases
-       (key, state, owner, token, expires_at, attempts, result, updated_at, fence)
+       (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at, fence,
+        task)
 VALUES (:key, 'running', :owner,
         COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0) + 1,
-        :expires_at, 1, NULL, :now, (SELECT value + 1 FROM lease_celery_fence WHERE id = 1))
+        :expires_at, 1, 0, NULL, :now, (SELECT value + 1 FROM lease_celery_fence WHERE id = 1),
+        :task)
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
     owner      = excluded.owner,
-    token      = lease_celery_leases.token + 1,
+    token      = token + 1,
     expires_at = excluded.expires_at,
-    attempts   = lease_celery_leases.attempts + 1,
+    attempts   = attempts + 1,
+    takeovers  = takeovers + (state = 'running'),
+    not_before = NULL,
     result     = NULL,
     updated_at = excluded.updated_at,
-    fence      = excluded.fence
-WHERE lease_celery_leases.state = 'ready'
-   OR (lease_celery_leases.state = 'running' AND lease_celery_leases.expires_at <= :now)
-RETURNING token, expires_at, fence
+    fence      = excluded.fence,
+    task       = COALESCE(excluded.task, task)
+WHERE (state = 'ready' AND (not_before IS NULL OR not_before <= :now))
+   OR (state = 'running' AND expires_at <= :now)
+RETURNING token, expires_at, fence, attempts, takeovers
 
 -- name: renew
 UPDATE lease_celery_leases
@@ -95,18 +107,81 @@ RETURNING expires_at
 
 -- name: finish
 UPDATE lease_celery_leases
-SET state = 'done', result = :result, expires_at = :now, updated_at = :now
+SET state = 'done', result = :result, expires_at = :now, updated_at = :now, reason = NULL
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
 -- name: release
+-- Give back early; :not_before (or NULL) is the backoff before the next claim.
 UPDATE lease_celery_leases
-SET state = 'ready', expires_at = :now, updated_at = :now
+SET state = 'ready', expires_at = :now, updated_at = :now, not_before = :not_before,
+    reason = :reason
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
+-- name: kill
+-- The current holder gives up for good: dead until a person requeues it.
+UPDATE lease_celery_leases
+SET state = 'dead', expires_at = :now, updated_at = :now, reason = :reason
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
+-- name: force_release
+-- An operator's override: a running row becomes ready whoever holds it. The holder's renew and
+-- finish then fail (state is no longer running), so its result is refused.
+UPDATE lease_celery_leases
+SET state = 'ready', expires_at = :now, updated_at = :now, not_before = NULL, reason = :reason
+WHERE key = :key AND state = 'running'
+
+-- name: requeue
+-- dead -> ready with a fresh budget of attempts; the token continues.
+UPDATE lease_celery_leases
+SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = :now,
+    reason = :reason
+WHERE key = :key AND state = 'dead'
+RETURNING task
+
+-- name: sweep_candidates
+SELECT key FROM lease_celery_leases
+WHERE state = 'running' AND expires_at <= :now AND task IS NOT NULL
+  AND (swept_token IS NULL OR swept_token <> token)
+ORDER BY expires_at LIMIT :limit
+
+-- name: sweep_mark
+-- One sweeper re-publishes each expired generation: the mark is conditional on it not being set.
+UPDATE lease_celery_leases SET swept_token = token
+WHERE key = :key AND state = 'running' AND expires_at <= :now AND task IS NOT NULL
+  AND (swept_token IS NULL OR swept_token <> token)
+RETURNING token, task
+
+-- name: list
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
+       not_before, reason, task
+FROM lease_celery_leases
+WHERE (:state IS NULL OR state = :state)
+  AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
+  AND (:owner IS NULL OR owner = :owner)
+ORDER BY updated_at DESC
+LIMIT :limit
+
+-- name: stats
+SELECT state, count(*), sum(state = 'running' AND expires_at <= :now)
+FROM lease_celery_leases GROUP BY state
+
+-- name: retire_old
+-- purge_older_than, step 1: remember the tokens of old done/dead rows.
+INSERT INTO lease_celery_retired (key, token)
+SELECT key, token FROM lease_celery_leases
+WHERE state IN ('done', 'dead') AND updated_at < :cutoff
+ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)
+
+-- name: purge_old
+-- purge_older_than, step 2 (same transaction).
+DELETE FROM lease_celery_leases WHERE state IN ('done', 'dead') AND updated_at < :cutoff
+
 -- name: get
-SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
+SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
+       not_before, reason, task
 FROM lease_celery_leases WHERE key = :key
 
 -- name: check_current
