@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from .errors import (
     EffectConflict,
     EffectOutcomeUnknown,
@@ -36,6 +38,10 @@ __all__ = ["Effects", "fingerprint"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+#: Exceptions after which an action may or may not have happened.
+_UNKNOWN_OUTCOME: tuple[type[BaseException], ...] = (
+    EffectOutcomeUnknown, SoftTimeLimitExceeded, KeyboardInterrupt, SystemExit)
 
 #: How long an ``in_flight`` receipt started without a lease counts as in progress.
 DEFAULT_IN_FLIGHT_TIMEOUT = 300.0
@@ -74,12 +80,13 @@ class Effects:
         ``EffectOutcomeUnknown`` (an earlier attempt's outcome is unknown; resolve or discard
         the receipt), ``LeaseHeld`` (a live attempt is under way). If ``fn`` raises, the receipt
         is removed so that a later attempt can act (raise ``EffectOutcomeUnknown`` from ``fn``
-        instead when the action may have happened anyway).
+        instead when the action may have happened anyway; a time limit or shutdown that
+        interrupts ``fn`` is treated the same way).
         """
         key = check_key(key)
         digest = fingerprint(payload)
         check_ttl(in_flight_timeout, name="in_flight_timeout")
-        waited, pause = 0.0, 0.01
+        give_up_at, pause = time.monotonic() + wait, 0.01
         while True:
             if self.store.effect_insert(key, digest, lease):
                 return self._perform(key, fn, version=1)
@@ -96,10 +103,10 @@ class Effects:
             if receipt.state is EffectState.NEEDS_RECONCILIATION:
                 raise self._unknown(receipt)
             if self._attempt_alive(receipt, in_flight_timeout):
-                if waited < wait:
-                    pause = min(pause * 2, 0.5, wait - waited)
-                    time.sleep(random.uniform(pause / 2, pause))
-                    waited += pause
+                left = give_up_at - time.monotonic()
+                if left > 0:
+                    pause = min(pause * 2, 0.5)
+                    time.sleep(min(left, random.uniform(pause / 2, pause)))
                     continue
                 raise LeaseHeld(f"effect {key!r} is being performed by {receipt.lease_owner} "
                                 f"(lease {receipt.lease_key!r} token {receipt.lease_token})")
@@ -118,11 +125,13 @@ class Effects:
         """Run ``fn`` (outside any transaction) for the in-flight receipt at ``version``."""
         try:
             result = fn(key)
-        except EffectOutcomeUnknown:
+        except _UNKNOWN_OUTCOME:
+            # Raised by fn itself, or arriving asynchronously (time limit, shutdown) at any
+            # point, perhaps after the action went out: nobody can say it did not happen.
             self.store.effect_update(key, version=version,
                                      state=EffectState.NEEDS_RECONCILIATION, result=None)
             raise
-        except BaseException:
+        except Exception:
             self.store.effect_delete(key, version=version)  # it did not happen: free the key
             raise
         try:

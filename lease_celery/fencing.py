@@ -69,7 +69,9 @@ class FenceGate:
         return self._run_in_transaction(guarded)
 
     def highest(self, resource: str) -> int | None:
-        row = self.connection.execute(self._highest, (resource,)).fetchone()
+        """The highest fence the resource has accepted, or None."""
+        row = self._run_in_transaction(
+            lambda conn: conn.execute(self._highest, (resource,)).fetchone())
         return None if row is None else int(row[0])
 
     def _run_in_transaction(self, body: Callable[[Any], _T]) -> _T:
@@ -77,16 +79,16 @@ class FenceGate:
         if not self._sqlite:
             with conn.transaction():
                 return body(conn)
-        # sqlite3: take the write lock up front so the check and the write cannot interleave.
-        started = not conn.in_transaction
-        if started:
-            conn.execute("BEGIN IMMEDIATE")
+        # sqlite3: take the write lock up front so the check and the write cannot interleave;
+        # inside the caller's transaction, a savepoint undoes a failed write (as psycopg does).
+        nested = conn.in_transaction
+        conn.execute("SAVEPOINT lease_celery_gate" if nested else "BEGIN IMMEDIATE")
         try:
             result = body(conn)
         except BaseException:
-            if started:
-                conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK TO lease_celery_gate" if nested else "ROLLBACK")
+            if nested:
+                conn.execute("RELEASE lease_celery_gate")
             raise
-        if started:
-            conn.execute("COMMIT")
+        conn.execute("RELEASE lease_celery_gate" if nested else "COMMIT")
         return result

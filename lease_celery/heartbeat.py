@@ -39,6 +39,12 @@ class Heartbeat:
                 cls._instance = cls()
             return cls._instance
 
+    @classmethod
+    def current(cls) -> Heartbeat | None:
+        """This process's heartbeat, if it has one (no thread is started for asking)."""
+        instance = cls._instance
+        return instance if instance is not None and instance.pid == os.getpid() else None
+
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._handles: set[LeaseHandle] = set()
@@ -55,6 +61,24 @@ class Heartbeat:
         with self._wake:
             handle.closed = True
             self._handles.discard(handle)
+
+    def release_all(self, reason: str) -> int:
+        """Give back every lease still watched (the process is going away); return how many."""
+        with self._wake:
+            handles = list(self._handles)
+        released = 0
+        for handle in handles:
+            self.unwatch(handle)
+            try:
+                if handle.store.release(handle.lease, reason=reason):
+                    released += 1
+                    handle.mark_lost(reason)
+                    signals.lease_released.send(sender=handle.task, key=handle.key,
+                                                lease=handle.lease)
+            except LeaseError as exc:
+                logger.warning("lease %s: not released at shutdown (%s); it will expire",
+                               handle.key, exc)
+        return released
 
     def _due(self) -> list[LeaseHandle]:
         """Wait until some handle is due for renewal (or lost by deadline); return those."""

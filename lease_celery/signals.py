@@ -19,6 +19,7 @@ __all__ = [
     "lease_released",
     "lease_renewed",
     "lease_retry",
+    "lease_swept",
     "lease_taken_over",
     "stale_result_rejected",
 ]
@@ -33,6 +34,8 @@ lease_finished = Signal(name="lease_finished")
 lease_retry = Signal(name="lease_retry")
 #: The failure policy gave up: the key is dead (a dead letter) until requeued: ``reason``.
 lease_dead = Signal(name="lease_dead")
+#: The sweeper re-published the task of a lease that expired without renewal: ``record``.
+lease_swept = Signal(name="lease_swept")
 #: The heartbeat moved the deadline: ``lease`` (with the new ``expires_at``).
 lease_renewed = Signal(name="lease_renewed")
 #: This process no longer holds the lease: ``lease``, ``reason``.

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from . import signals
+from . import signals, worker  # noqa: F401  (worker: wires the worker signals once)
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
     LeaseDead,

@@ -154,3 +154,78 @@ def fenced_write(self: LeasedTask, job_id: str, seconds: float) -> dict[str, Any
         raise
     record("fenced_committed", job_id=job_id, token=token)
     return {"job_id": job_id, "token": token}
+
+
+# -- effects on an outside target (tests/test_worker_effects.py) ------------------------------
+
+
+def _target_send(target: str, idempotency_key: str, payload: dict[str, Any],
+                 token: int) -> dict[str, Any]:
+    """The outside target: a table in a SQLite file of its own that records every request it
+    receives, with the idempotency key it was sent. It does not deduplicate: one call, one row."""
+    import sqlite3
+
+    conn = sqlite3.connect(target, timeout=10)
+    try:
+        with conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS received (id INTEGER PRIMARY KEY, "
+                         "idempotency_key TEXT NOT NULL, payload TEXT NOT NULL, "
+                         "token INTEGER NOT NULL, pid INTEGER NOT NULL)")
+            cursor = conn.execute(
+                "INSERT INTO received (idempotency_key, payload, token, pid) VALUES (?, ?, ?, ?)",
+                (idempotency_key, json.dumps(payload, sort_keys=True), token, os.getpid()))
+        return {"receipt_id": cursor.lastrowid, "idempotency_key": idempotency_key,
+                "sent_by_token": token}
+    finally:
+        conn.close()
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def publish_then_stall(self: LeasedTask, job_id: str, target: str,
+                       stall: float) -> dict[str, Any]:
+    """Publish report ``job_id`` through ``self.effect`` (key ``publish:{job_id}:v1``) and
+    journal what the call returned; the first generation then stalls ``stall`` seconds before
+    returning (the test SIGKILLs its worker meanwhile: the effect's response is lost)."""
+    token = self.lease.token
+    payload = {"job_id": job_id, "version": 1}
+    record("body_start", job_id=job_id, token=token, owner=self.lease.owner,
+           task_id=self.request.id)
+
+    def send(idempotency_key: str) -> dict[str, Any]:
+        record("effect_fn_called", job_id=job_id, token=token, idempotency_key=idempotency_key)
+        return _target_send(target, idempotency_key, payload, token)
+
+    sent = self.effect(f"publish:{job_id}:v1", payload, send)
+    record("effect_returned", job_id=job_id, token=token, result=sent)
+    if token == 1:
+        time.sleep(stall)
+    return {"job_id": job_id, "token": token, "sent": sent}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def publish_then_die(self: LeasedTask, job_id: str, target: str) -> dict[str, Any]:
+    """Publish report ``job_id`` through ``self.effect``; in the first generation the pool
+    process dies (``os._exit``) inside ``fn`` right after the target recorded the request: the
+    action happened, and its receipt was never marked done. A later generation journals the
+    EffectOutcomeUnknown it gets (and fails with it) or what the call returned."""
+    from lease_celery import EffectOutcomeUnknown
+
+    token = self.lease.token
+    payload = {"job_id": job_id, "version": 1}
+    record("body_start", job_id=job_id, token=token, owner=self.lease.owner,
+           task_id=self.request.id)
+
+    def send(idempotency_key: str) -> dict[str, Any]:
+        record("effect_fn_called", job_id=job_id, token=token, idempotency_key=idempotency_key)
+        sent = _target_send(target, idempotency_key, payload, token)
+        if token == 1:
+            os._exit(1)
+        return sent
+
+    try:
+        sent = self.effect(f"publish:{job_id}:v1", payload, send)
+    except EffectOutcomeUnknown as exc:
+        record("effect_outcome_unknown", job_id=job_id, token=token, reason=str(exc))
+        raise
+    record("effect_returned", job_id=job_id, token=token, result=sent)
+    return {"job_id": job_id, "token": token, "sent": sent}

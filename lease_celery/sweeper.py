@@ -1,0 +1,107 @@
+"""Recovery that does not wait on the broker: re-publish tasks whose lease expired.
+
+When a whole worker host dies, Redis hands its unacked message out again only after the
+visibility timeout (default 1 h) plus kombu's restore sweep; RabbitMQ after the connection
+drops or ``consumer_timeout``. The lease row knows sooner: a running row whose lease expired
+without renewal belongs to a dead (or stalled) owner. The sweeper marks each such expired
+generation once (a conditional write, so concurrent sweepers never double it) and re-publishes
+the task from what the row recorded. The broker's own later redelivery then finds the task
+done or running and is ignored or deferred.
+
+Run it as the ``lease_celery.sweep`` task (beat), ``celery leases sweep`` (cron), or let each
+worker run it in a thread every ``lease_sweep_interval`` seconds (the default).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import shared_task
+
+from . import signals
+from .delivery import republish
+from .errors import LeaseError
+from .models import LeaseRecord
+from .stores.base import Store, open_store
+
+__all__ = ["SweeperThread", "leased_store_urls", "sweep", "sweep_app"]
+
+logger = logging.getLogger(__name__)
+
+
+def sweep(app: Any, store: Store, *, limit: int = 100) -> list[LeaseRecord]:
+    """Re-publish the tasks of expired leases in ``store``; return their records."""
+    swept = store.sweep_expired(limit=limit)
+    for record in swept:
+        if record.task is None:
+            continue
+        try:
+            republish(app, record.task)
+        except Exception:  # one bad row must not stop the others
+            logger.exception("lease %s: could not re-publish its task", record.key)
+            continue
+        logger.warning("lease %s (owner %s, token %s) expired without renewal: task %s "
+                       "re-published", record.key, record.owner, record.token,
+                       record.task.get("options", {}).get("task_id"))
+        signals.lease_swept.send(sender=app, key=record.key, record=record)
+    return swept
+
+
+def leased_store_urls(app: Any) -> list[str]:
+    """The distinct lease stores used by the app's LeasedTasks."""
+    from .task import LeasedTask
+
+    return sorted({task.lease_settings.store_url for task in app.tasks.values()
+                   if isinstance(task, LeasedTask)})
+
+
+def sweep_app(app: Any, *, limit: int = 100) -> list[LeaseRecord]:
+    """Sweep every store the app's LeasedTasks use."""
+    swept: list[LeaseRecord] = []
+    for url in leased_store_urls(app):
+        with open_store(url) as store:
+            swept += sweep(app, store, limit=limit)
+    return swept
+
+
+def _sweep_task(limit: int = 100) -> int:
+    """Beat-schedulable: ``{"task": "lease_celery.sweep", "schedule": 15}``."""
+    from celery import current_app
+
+    return len(sweep_app(current_app, limit=limit))
+
+
+#: Registered in every app (a shared task) as ``lease_celery.sweep``.
+sweep_task = shared_task(name="lease_celery.sweep", ignore_result=True)(_sweep_task)
+
+
+class SweeperThread:
+    """Sweeps every ``interval`` seconds in the worker's main process until stopped."""
+
+    def __init__(self, app: Any, interval: float) -> None:
+        self.app, self.interval = app, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        stores: dict[str, Store] = {}
+        while not self._stop.wait(self.interval):
+            for url in leased_store_urls(self.app):
+                try:
+                    store = stores.get(url) or stores.setdefault(url, open_store(url))
+                    sweep(self.app, store)
+                except LeaseError as exc:  # the store is down: try again next round
+                    logger.warning("lease sweeper: %s", exc)
+                except Exception:
+                    logger.exception("lease sweeper failed")
+        for store in stores.values():
+            store.close()

@@ -1,0 +1,104 @@
+"""Wiring to Celery's worker signals: the sweeper thread, and giving leases back at shutdown.
+
+Imported by ``lease_celery.task``, so any app that uses LeasedTask gets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from celery import signals as celery_signals
+
+from .heartbeat import Heartbeat
+from .sweeper import SweeperThread, leased_store_urls
+
+__all__ = ["release_held_leases"]
+
+logger = logging.getLogger(__name__)
+
+#: Bound on giving leases back at shutdown (Celery wants worker handlers back within 4 s).
+SHUTDOWN_RELEASE_TIMEOUT = 2.0
+
+_sweepers: dict[int, SweeperThread] = {}
+
+
+def release_held_leases(reason: str) -> int:
+    """Give back every lease this process still holds, within a bounded time.
+
+    Runs in a helper thread: if the interrupted thread holds a store's lock, we give up after
+    ``SHUTDOWN_RELEASE_TIMEOUT`` rather than hang the shutdown (the lease then just expires).
+    """
+    heartbeat = Heartbeat.current()
+    if heartbeat is None:
+        return 0
+    released: list[int] = []
+    worker = threading.Thread(target=lambda: released.append(heartbeat.release_all(reason)),
+                              name="lease-release", daemon=True)
+    worker.start()
+    worker.join(SHUTDOWN_RELEASE_TIMEOUT)
+    return released[0] if released else 0
+
+
+def _on_process_init(**_: Any) -> None:
+    # A prefork child dies by SIGTERM on a cold shutdown (or the soft-shutdown timeout), with
+    # no Python cleanup: give its leases back first, so the requeued tasks can be claimed at
+    # once instead of after the lease expires. Then die as before.
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        count = release_held_leases("worker shutdown: the task was terminated")
+        if count:
+            logger.warning("released %d lease(s) held by process %d at shutdown", count,
+                           os.getpid())
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _on_process_shutdown(**_: Any) -> None:
+    release_held_leases("worker process shutdown")
+
+
+def _start_sweeper(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or not leased_store_urls(app):
+        return
+    interval = _sweep_interval(app)
+    if interval <= 0:
+        return
+    sweeper = SweeperThread(app, interval)
+    _sweepers[id(app)] = sweeper
+    sweeper.start()
+    logger.info("lease sweeper started: every %.1fs", interval)
+
+
+def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    sweeper = _sweepers.pop(id(app), None) if app is not None else None
+    if sweeper is not None:
+        sweeper.stop()
+    # The solo and thread pools run tasks in this process.
+    release_held_leases("worker shutdown")
+
+
+def _sweep_interval(app: Any) -> float:
+    from .task import LeasedTask
+
+    configured = app.conf.get("lease_sweep_interval")
+    if configured is not None:
+        return float(configured)
+    ttls = [task.lease_settings.ttl for task in app.tasks.values()
+            if isinstance(task, LeasedTask)]
+    return min(ttls) / 2 if ttls else 0.0
+
+
+celery_signals.worker_process_init.connect(_on_process_init, weak=False)
+celery_signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
+celery_signals.worker_ready.connect(_start_sweeper, weak=False)
+celery_signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
