@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from . import signals
 from .errors import (
     EffectConflict,
     EffectOutcomeUnknown,
@@ -94,11 +95,13 @@ class Effects:
             if receipt is None:
                 continue  # discarded (or its attempt failed) between our two calls
             if receipt.fingerprint != digest:
+                signals.effect_conflict.send(sender=self.store, key=key)
                 raise EffectConflict(f"effect {key!r} was recorded with another payload "
                                      f"(fingerprint {receipt.fingerprint[:12]}…, this one "
                                      f"{digest[:12]}…); not performed")
             if receipt.state is EffectState.DONE:
                 logger.info("effect %s: replay, returning the recorded result", key)
+                signals.effect_replayed.send(sender=self.store, key=key)
                 return receipt.result
             if receipt.state is EffectState.NEEDS_RECONCILIATION:
                 raise self._unknown(receipt)
@@ -130,6 +133,7 @@ class Effects:
             # point, perhaps after the action went out: nobody can say it did not happen.
             self.store.effect_update(key, version=version,
                                      state=EffectState.NEEDS_RECONCILIATION, result=None)
+            signals.effect_outcome_unknown.send(sender=self.store, key=key)
             raise
         except Exception:
             self.store.effect_delete(key, version=version)  # it did not happen: free the key
@@ -139,6 +143,7 @@ class Effects:
             problem: ResultNotSerializable | None = None
         except ResultNotSerializable as exc:
             encoded, problem = None, exc  # it happened all the same: record that much
+        signals.effect_performed.send(sender=self.store, key=key, attempt=version)
         if not self.store.effect_update(key, version=version, state=EffectState.DONE,
                                         result=encoded):
             logger.warning("effect %s: performed, but the receipt changed meanwhile (resolved "
@@ -161,8 +166,8 @@ class Effects:
                 and record.token == receipt.lease_token and record.owner == receipt.lease_owner
                 and record.expires_at is not None and record.expires_at > now)
 
-    @staticmethod
-    def _unknown(receipt: Receipt) -> EffectOutcomeUnknown:
+    def _unknown(self, receipt: Receipt) -> EffectOutcomeUnknown:
+        signals.effect_outcome_unknown.send(sender=self.store, key=receipt.key)
         return EffectOutcomeUnknown(
             f"effect {receipt.key!r} needs reconciliation: an attempt by {receipt.lease_owner} "
             f"(lease {receipt.lease_key!r} token {receipt.lease_token}) started and never "

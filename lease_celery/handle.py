@@ -31,10 +31,12 @@ class LeaseHandle:
         self.task = task
         self._lock = threading.Lock()
         self._lease = lease
+        self.claimed_at = sent_at
         self._local_deadline = sent_at + ttl
         self.next_renewal_at = sent_at + heartbeat_interval
         self._lost_reason: str | None = None
         self.closed = False  # set when the task stops heartbeating it (finish, release)
+        self.body_duration = 0.0  # seconds the task body ran (set when it returns)
 
     # -- what the task body reads ---------------------------------------------------------
 
@@ -62,6 +64,11 @@ class LeaseHandle:
     def fence(self) -> int:
         """The store-wide fence of this claim, for a resource's ``FenceGate``."""
         return self._lease.fence
+
+    @property
+    def held_for(self) -> float:
+        """Seconds since the claim was sent."""
+        return time.monotonic() - self.claimed_at
 
     @property
     def lost(self) -> bool:

@@ -74,7 +74,7 @@ class Heartbeat:
                     released += 1
                     handle.mark_lost(reason)
                     signals.lease_released.send(sender=handle.task, key=handle.key,
-                                                lease=handle.lease)
+                                                lease=handle.lease, hold_time=handle.held_for)
             except LeaseError as exc:
                 logger.warning("lease %s: not released at shutdown (%s); it will expire",
                                handle.key, exc)
@@ -127,8 +127,10 @@ class Heartbeat:
             if lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:
+                delay = max(0.0, sent_at - handle.next_renewal_at)
                 handle.renewed(lease, sent_at=sent_at)
-                signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease)
+                signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease,
+                                           delay=delay)
 
     def _lose(self, handle: LeaseHandle, reason: str) -> None:
         self.unwatch(handle)
@@ -136,4 +138,4 @@ class Heartbeat:
             logger.warning("lease %s owner %s token %s lost: %s",
                            handle.key, handle.owner, handle.token, reason)
             signals.lease_lost.send(sender=handle.task, key=handle.key, lease=handle.lease,
-                                    reason=reason)
+                                    reason=reason, hold_time=handle.held_for)

@@ -1,8 +1,10 @@
 """Signals lease_celery sends; connect receivers as with any Celery signal.
 
-Every signal is sent with ``sender=<the task>`` and ``key``; most also carry ``lease``
-(a :class:`~lease_celery.Lease`). Celery's ``Signal.send`` logs and swallows a receiver's
-exception, so a faulty receiver never breaks a task.
+Lease signals are sent with ``sender=<the task>`` and ``key``; most also carry ``lease``
+(a :class:`~lease_celery.Lease`), and those that end a hold carry ``hold_time`` (seconds since
+the claim). Effect signals are sent with ``sender=<the store>`` and the effect's ``key``. Every
+signal has a matching metric (``lease_celery.metrics``). Celery's ``Signal.send`` logs and
+swallows a receiver's exception, so a faulty receiver never breaks a task.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from celery.utils.dispatch import Signal
 __all__ = [
     "duplicate_deferred",
     "duplicate_ignored",
+    "effect_conflict",
+    "effect_outcome_unknown",
+    "effect_performed",
+    "effect_replayed",
     "lease_acquired",
     "lease_dead",
     "lease_finished",
@@ -36,7 +42,16 @@ lease_retry = Signal(name="lease_retry")
 lease_dead = Signal(name="lease_dead")
 #: The sweeper re-published the task of a lease that expired without renewal: ``record``.
 lease_swept = Signal(name="lease_swept")
-#: The heartbeat moved the deadline: ``lease`` (with the new ``expires_at``).
+#: ``effects.once`` ran the action and recorded it: ``key`` (the effect's), ``attempt``.
+effect_performed = Signal(name="effect_performed")
+#: ``effects.once`` found the action already done and returned the recorded result: ``key``.
+effect_replayed = Signal(name="effect_replayed")
+#: The same effect key came with another payload; nothing was done: ``key``.
+effect_conflict = Signal(name="effect_conflict")
+#: An attempt's outcome is unknown; the receipt needs reconciliation: ``key``.
+effect_outcome_unknown = Signal(name="effect_outcome_unknown")
+#: The heartbeat moved the deadline: ``lease`` (with the new ``expires_at``), ``delay`` (how
+#: late the renewal was sent against its schedule, seconds).
 lease_renewed = Signal(name="lease_renewed")
 #: This process no longer holds the lease: ``lease``, ``reason``.
 lease_lost = Signal(name="lease_lost")

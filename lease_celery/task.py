@@ -18,7 +18,8 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from . import signals, worker  # noqa: F401  (worker: wires the worker signals once)
+# metrics and worker: imported for their signal wiring, done once per process.
+from . import metrics, signals, worker  # noqa: F401
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
     LeaseDead,
@@ -137,6 +138,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request.lease = handle
         heartbeat = Heartbeat.for_process()
         heartbeat.watch(handle)
+        started = time.monotonic()
         try:
             result = self.run(*args, **kwargs)
         except BaseException as exc:
@@ -147,6 +149,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             if request.called_directly:
                 request.lease = None  # the default request object outlives this call
         heartbeat.unwatch(handle)
+        handle.body_duration = time.monotonic() - started
         return self._finish(handle, result, settings, args, kwargs)
 
     # -- before the body --------------------------------------------------------------------
@@ -244,7 +247,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if not accepted:
             self._reject_stale(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
+                                    hold_time=handle.held_for, duration=handle.body_duration)
         return result
 
     def _after_error(self, handle: LeaseHandle, exc: BaseException,
@@ -292,7 +296,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                              "expire at %s", handle.key, handle.token, handle.expires_at)
             return False
         if released:
-            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease)
+            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
+                                        hold_time=handle.held_for)
             return True
         if record is not None and (record.token != handle.token or record.owner != handle.owner):
             # Someone else owns the key now: our failure must not overwrite their outcome.
@@ -310,7 +315,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
                          handle.lease.attempts, reason)
             signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
-                                    reason=reason)
+                                    reason=reason, hold_time=handle.held_for)
         else:
             self._release(handle, reason=reason)  # not current: judge it as a stale failure
 
@@ -319,5 +324,5 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
                        handle.key, handle.owner, handle.token, reason)
         signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
-                                           reason=reason)
+                                           reason=reason, hold_time=handle.held_for)
         raise Ignore()

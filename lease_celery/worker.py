@@ -70,6 +70,12 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     if app is None or not leased_store_urls(app):
         return
     interval = _sweep_interval(app)
+    port = app.conf.get("lease_metrics_port")
+    if port:
+        from .metrics import serve
+
+        serve(int(port), app.conf.get("lease_metrics_addr") or "127.0.0.1")
+        logger.info("lease metrics served on port %s", port)
     if interval <= 0:
         return
     sweeper = SweeperThread(app, interval)

@@ -1,0 +1,210 @@
+"""``celery leases doctor``: read the app's configuration and explain it in terms of the three
+promises (delivery, ownership, effects).
+
+Each finding has a severity: ``error`` (the lease guarantees do not hold: doctor exits
+non-zero), ``warning`` (they hold, at a cost worth knowing) or ``ok``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import LeaseError
+from .settings import LeaseSettings, resolve_settings
+from .stores.base import open_store
+
+__all__ = ["Finding", "diagnose"]
+
+#: Transports that hide an unacked message and hand it out again after a visibility timeout,
+#: with their default timeout in seconds.
+_VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+#: RabbitMQ's server default consumer_timeout (30 minutes).
+RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+#: Tasks longer than this are "long" for prefetching purposes.
+LONG_TASK = 60.0
+_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs",
+                        "lustre", "fuse.sshfs", "fuse.glusterfs", "afs", "beegfs", "gpfs"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # error | warning | ok
+    promise: str  # delivery | ownership | effects
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def diagnose(app: Any) -> list[Finding]:
+    """Every finding about ``app``'s configuration, errors first."""
+    from .task import LeasedTask
+
+    tasks = [t for t in app.tasks.values() if isinstance(t, LeasedTask)]
+    findings: list[Finding] = []
+    settings_by_task: dict[str, LeaseSettings] = {}
+    for task in tasks:
+        try:
+            settings_by_task[task.name] = task.lease_settings
+        except LeaseError as exc:
+            findings.append(Finding("settings.invalid", "error", "ownership", str(exc)))
+    if not tasks:
+        findings.append(Finding("tasks.none", "warning", "ownership",
+                                "no task uses base=LeasedTask: nothing here is leased"))
+        try:
+            settings_by_task[""] = resolve_settings(app)
+        except LeaseError as exc:
+            findings.append(Finding("settings.invalid", "error", "ownership", str(exc)))
+    longest = _longest_task(app, tasks)
+    shortest_ttl = min((s.ttl for s in settings_by_task.values()), default=None)
+    findings += _delivery(app, tasks, longest, shortest_ttl)
+    findings += _ownership(app, settings_by_task, longest)
+    order = {"error": 0, "warning": 1, "ok": 2}
+    return sorted(findings, key=lambda f: order[f.severity])
+
+
+def _longest_task(app: Any, tasks: list[Any]) -> float | None:
+    limits = [t.time_limit or app.conf.task_time_limit for t in tasks]
+    known = [float(x) for x in limits if x]
+    return max(known) if len(known) == len(limits) and known else None
+
+
+def _delivery(app: Any, tasks: list[Any], longest: float | None,
+              ttl: float | None) -> list[Finding]:
+    conf = app.conf
+    found: list[Finding] = []
+    scheme = urlsplit(conf.broker_url or "amqp://").scheme.split("+")[0]
+    options = conf.broker_transport_options or {}
+    if scheme in _VISIBILITY_DEFAULTS:
+        vt = float(options.get("visibility_timeout", _VISIBILITY_DEFAULTS[scheme]))
+        if longest is None:
+            found.append(Finding(
+                "broker.visibility_timeout.unknown", "warning", "delivery",
+                f"{scheme} hands an unacked message out again after visibility_timeout={vt:g}s"
+                ", even while a worker still runs it; these tasks have no time limit, so "
+                "nothing says they finish sooner. Leases defer the extra copies, but set "
+                "task_time_limit (or time_limit on the tasks) below the visibility timeout"))
+        elif vt < longest:
+            found.append(Finding(
+                "broker.visibility_timeout", "warning", "delivery",
+                f"visibility_timeout={vt:g}s is shorter than the longest task "
+                f"({longest:g}s): {scheme} delivers it again while it runs. The lease defers "
+                "each copy, at the cost of a re-publish; raise the visibility timeout"))
+        if ttl is not None and vt < ttl:
+            found.append(Finding(
+                "broker.visibility_timeout.ttl", "warning", "delivery",
+                f"visibility_timeout={vt:g}s is shorter than lease_ttl={ttl:g}s: redelivery "
+                "comes before a dead owner's lease can even expire"))
+    elif scheme in ("amqp", "amqps", "pyamqp", "librabbitmq") and longest is not None \
+            and longest >= RABBITMQ_CONSUMER_TIMEOUT:
+        found.append(Finding(
+            "broker.consumer_timeout", "warning", "delivery",
+            f"the longest task ({longest:g}s) reaches RabbitMQ's default consumer_timeout "
+            f"({RABBITMQ_CONSUMER_TIMEOUT:g}s): the broker closes the channel and redelivers. "
+            "Raise consumer_timeout on the server (or per queue)"))
+    acks_late = [t.name for t in tasks if not t.acks_late]
+    if acks_late:
+        found.append(Finding(
+            "task.acks_late", "warning", "delivery",
+            f"task_acks_late is off for {', '.join(sorted(acks_late))}: the broker forgets a "
+            "message before the task runs, so a worker crash leaves only the lease sweeper to "
+            "bring it back (set task_acks_late=True)"))
+    reject = [t.name for t in tasks if t.acks_late and not t.reject_on_worker_lost]
+    if reject:
+        found.append(Finding(
+            "task.reject_on_worker_lost", "warning", "delivery",
+            f"task_reject_on_worker_lost is off for {', '.join(sorted(reject))}: when the "
+            "worker process dies, Celery acks the message as failed instead of requeueing it"))
+    multiplier = int(conf.worker_prefetch_multiplier or 0)
+    if multiplier > 1 and (longest is None or longest > LONG_TASK):
+        found.append(Finding(
+            "worker.prefetch_multiplier", "warning", "delivery",
+            f"worker_prefetch_multiplier={multiplier}: each worker process reserves "
+            f"{multiplier} messages while running a long task; they wait behind it (and sit "
+            "unacked towards the visibility timeout). Use 1 for long tasks"))
+    if conf.worker_deduplicate_successful_tasks:
+        found.append(Finding(
+            "worker.deduplicate_successful_tasks", "warning", "delivery",
+            "worker_deduplicate_successful_tasks only catches redeliveries of tasks that "
+            "already succeeded, needs a persistent result backend and the transport's "
+            "redelivered flag (SQS never sets it); the lease already drops those copies and "
+            "also catches copies of running tasks. It is redundant here"))
+    if not found:
+        found.append(Finding("delivery.ok", "ok", "delivery",
+                             f"broker ({scheme}) settings agree with the leases"))
+    return found
+
+
+def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
+               longest: float | None) -> list[Finding]:
+    found: list[Finding] = []
+    for name, settings in sorted(settings_by_task.items()):
+        who = f"task {name}" if name else "the app"
+        if settings.heartbeat_interval > settings.ttl / 2:
+            found.append(Finding(
+                "lease.heartbeat_interval", "warning", "ownership",
+                f"{who}: lease_heartbeat_interval={settings.heartbeat_interval:g}s is not well "
+                f"below lease_ttl={settings.ttl:g}s; one late renewal loses the lease "
+                "(use ttl/3 or less)"))
+    for url in sorted({s.store_url for s in settings_by_task.values()}):
+        found += _store(url)
+    if app.conf.get("lease_sweep_interval") == 0:
+        found.append(Finding(
+            "lease.sweeper_off", "warning", "ownership",
+            "lease_sweep_interval=0 turns the workers' sweeper off: schedule the "
+            "lease_celery.sweep task with beat, or recovery after a lost worker waits on the "
+            "broker's redelivery"))
+    if not any(f.promise == "ownership" and f.severity != "ok" for f in found):
+        found.append(Finding("ownership.ok", "ok", "ownership",
+                             "lease settings and store are sound"))
+    return found
+
+
+def _store(url: str) -> list[Finding]:
+    found: list[Finding] = []
+    try:
+        with open_store(url) as store:
+            store.now()
+    except (LeaseError, ValueError) as exc:
+        return [Finding("store.unreachable", "error", "ownership",
+                        f"lease store {url} cannot be used: {exc}")]
+    if urlsplit(url).scheme != "sqlite":
+        return found
+    path = urlsplit(url).path[1:]
+    if not path:
+        found.append(Finding("store.sqlite_memory", "error", "ownership",
+                             "sqlite:// is in memory: each worker process has its own leases"))
+        return found
+    if not os.path.isabs(path):
+        found.append(Finding(
+            "store.sqlite_relative", "warning", "ownership",
+            f"the SQLite store path {path!r} is relative: workers started in other directories "
+            "keep other leases. Use sqlite:////absolute/path"))
+    fstype = _filesystem_type(os.path.abspath(path))
+    if fstype in _NETWORK_FILESYSTEMS:
+        found.append(Finding(
+            "store.sqlite_network_fs", "error", "ownership",
+            f"the SQLite store {path!r} is on a network file system ({fstype}): SQLite's locks "
+            "are not reliable there, and workers on several hosts must not share it. Use "
+            "PostgreSQL for leases across machines"))
+    return found
+
+
+def _filesystem_type(path: str) -> str | None:
+    """The type of the file system holding ``path``, from /proc/mounts (Linux)."""
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            entries = [line.split()[1:3] for line in mounts if len(line.split()) >= 3]
+    except OSError:
+        return None
+    best: tuple[int, str] | None = None
+    for mount_point, fstype in entries:
+        mount_point = mount_point.replace("\\040", " ")
+        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) > best[0]):
+            best = (len(mount_point), fstype)
+    return best[1] if best else None

@@ -1,0 +1,160 @@
+"""Counters and histograms for every lease_celery signal, in process and for Prometheus.
+
+``snapshot()`` returns this process's figures. With ``pip install 'lease-celery[prometheus]'``
+the same figures are Prometheus metrics (``lease_celery_*``); set ``PROMETHEUS_MULTIPROC_DIR``
+before the worker starts so prefork children share them, and expose them with
+:func:`serve` or the ``lease_metrics_port`` setting (the worker's main process serves them).
+Recording never breaks a task: it runs in signal receivers, whose errors Celery logs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import signals
+
+__all__ = ["COUNTERS", "HISTOGRAMS", "reset", "serve", "snapshot"]
+
+#: signal name -> counter name. Every signal has one.
+COUNTERS: dict[str, str] = {
+    "lease_acquired": "claims",
+    "lease_taken_over": "takeovers",
+    "lease_renewed": "renewals",
+    "lease_lost": "renew_failures",
+    "lease_finished": "finished",
+    "lease_released": "releases",
+    "lease_retry": "retries",
+    "lease_dead": "dead_letters",
+    "lease_swept": "swept",
+    "duplicate_deferred": "duplicates_deferred",
+    "duplicate_ignored": "duplicates_ignored",
+    "stale_result_rejected": "stale_results_refused",
+    "effect_performed": "effects_performed",
+    "effect_replayed": "effect_replays",
+    "effect_conflict": "effect_conflicts",
+    "effect_outcome_unknown": "effects_outcome_unknown",
+}
+
+#: histogram name -> (signal names, keyword carrying the value in seconds).
+HISTOGRAMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "heartbeat_delay_seconds": (("lease_renewed",), "delay"),
+    "lease_hold_seconds": (("lease_finished", "lease_released", "lease_dead", "lease_lost",
+                            "stale_result_rejected"), "hold_time"),
+    "task_duration_seconds": (("lease_finished",), "duration"),
+}
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            float("inf"))
+
+
+@dataclass
+class _Histogram:
+    count: int = 0
+    total: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(_BUCKETS))
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        for i, bound in enumerate(_BUCKETS):
+            if value <= bound:
+                self.buckets[i] += 1
+
+
+_lock = threading.Lock()
+_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+_histograms: dict[str, _Histogram] = defaultdict(_Histogram)
+_prometheus: dict[str, Any] | None = None
+
+
+def _label(sender: Any) -> str:
+    return str(getattr(sender, "name", None) or "") if sender is not None else ""
+
+
+def _prometheus_metrics() -> dict[str, Any]:
+    """The Prometheus metric objects, made on first use (empty without prometheus_client)."""
+    global _prometheus
+    if _prometheus is None:
+        try:
+            from prometheus_client import Counter, Histogram
+        except ImportError:
+            _prometheus = {}
+        else:
+            made: dict[str, Any] = {}
+            for name in COUNTERS.values():
+                made[name] = Counter(f"lease_celery_{name}", f"lease_celery: {name}", ["task"])
+            for name in HISTOGRAMS:
+                made[name] = Histogram(f"lease_celery_{name}", f"lease_celery: {name}",
+                                       buckets=_BUCKETS)
+            _prometheus = made
+    return _prometheus
+
+
+def _record(signal_name: str, sender: Any, fields: dict[str, Any]) -> None:
+    counter = COUNTERS[signal_name]
+    task = _label(sender)
+    observed = [(name, float(fields[kw])) for name, (sources, kw) in HISTOGRAMS.items()
+                if signal_name in sources and fields.get(kw) is not None]
+    with _lock:
+        _counts[counter][task] += 1
+        for name, value in observed:
+            _histograms[name].observe(value)
+    prometheus = _prometheus_metrics()
+    if prometheus:
+        prometheus[counter].labels(task=task).inc()
+        for name, value in observed:
+            prometheus[name].observe(value)
+
+
+def _receiver(signal_name: str) -> Any:
+    def receive(sender: Any = None, **fields: Any) -> None:
+        _record(signal_name, sender, fields)
+
+    return receive
+
+
+for _signal_name in COUNTERS:
+    getattr(signals, _signal_name).connect(_receiver(_signal_name), weak=False)
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's figures: ``{"counters": {name: {task: n}}, "histograms": {...}}``."""
+    with _lock:
+        return {
+            "counters": {name: dict(_counts[name]) for name in COUNTERS.values()},
+            "totals": {name: sum(_counts[name].values()) for name in COUNTERS.values()},
+            "histograms": {name: {"count": h.count, "sum": h.total,
+                                  "buckets": dict(zip(map(str, _BUCKETS), h.buckets,
+                                                      strict=True))}
+                           for name, h in ((n, _histograms[n]) for n in HISTOGRAMS)},
+        }
+
+
+def reset() -> None:
+    """Forget this process's figures (tests)."""
+    with _lock:
+        _counts.clear()
+        _histograms.clear()
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve the Prometheus metrics over HTTP (all prefork children's, in multiprocess mode)."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.multiprocess import MultiProcessCollector
+    except ImportError as exc:
+        from .errors import ConfigError
+
+        raise ConfigError("metrics over HTTP need prometheus_client: "
+                          "pip install 'lease-celery[prometheus]'") from exc
+    _prometheus_metrics()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        start_http_server(port, addr=addr, registry=registry)
+    else:
+        start_http_server(port, addr=addr)
