@@ -19,7 +19,7 @@ from lease_celery import LeasedTask
 from . import outside, timeline
 from .app import app
 from .report_table import save_report
-from .reports import Report, build_report
+from .reports import Report, build_report, publish_key
 
 __all__ = ["publish_report", "publish_report_plain"]
 
@@ -51,25 +51,26 @@ def publish_report(self: LeasedTask, edition: str, report_id: int) -> dict[str, 
     report = build_report(edition, report_id, seconds=self.app.conf.report_build_seconds)
     # Right before the outside call, make sure this execution still holds the lease. A worker
     # that stalled past it (GC pause, swapped out, SIGSTOP) raises LeaseLost here instead of
-    # publishing a report that another worker has taken over. It narrows the window without
-    # closing it: a stall between this check and the request still publishes twice. Closing it
-    # is the job of receipts (self.effect, below).
+    # publishing a report that another worker has taken over (self.effect checks it too).
     lease.check()
     _publish_once(self, report)
     return {"report": report, "built_by": _me(self), "token": lease.token}
 
 
 def _publish_once(task: LeasedTask, report: Report) -> None:
-    """The one place the leased task touches the outside world.
+    """The one place the leased task touches the outside world, through a receipt.
 
-    With lease_celery's effects API this body becomes
-    ``task.effect(publish_key(report), report, lambda key: outside.publish(endpoint, report))``:
-    a receipt under a key that is stable across retries and takeovers, so a replay returns the
-    recorded outcome instead of publishing again, and an attempt whose outcome is unknown asks
-    for reconciliation instead of resending.
+    ``self.effect`` records the publish under a business key that is stable across retries and
+    takeovers (``publish:report:<edition>:<id>:v1``, never the lease token): a replay returns
+    the recorded outcome instead of publishing again, the same key with another payload is an
+    error, and an attempt whose outcome is unknown asks for reconciliation instead of resending.
     """
-    status = outside.publish(task.app.conf.reports_endpoint, report)
-    _trace("effect_sent", task, report["report_id"], status=status)
+    def send(key: str) -> int:
+        status = outside.publish(task.app.conf.reports_endpoint, report)
+        _trace("effect_sent", task, report["report_id"], status=status, effect_key=key)
+        return status
+
+    task.effect(publish_key(report), report, send)
 
 
 def _me(task: Task) -> str:
