@@ -146,11 +146,23 @@ class Effects:
         signals.effect_performed.send(sender=self.store, key=key, attempt=version)
         if not self.store.effect_update(key, version=version, state=EffectState.DONE,
                                         result=encoded):
-            logger.warning("effect %s: performed, but the receipt changed meanwhile (resolved "
-                           "or taken over); the recorded outcome was kept", key)
+            self._record_known_outcome(key, encoded)
         if problem is not None:
             raise problem
         return result
+
+    def _record_known_outcome(self, key: str, encoded: str | None) -> None:
+        """The action happened, but the receipt changed while it ran (a takeover marked it
+        ``needs_reconciliation``): what was unknown is known now, so record it."""
+        receipt = self.store.effect_get(key)
+        if (receipt is not None and receipt.state is EffectState.NEEDS_RECONCILIATION
+                and self.store.effect_update(key, version=receipt.version,
+                                             state=EffectState.DONE, result=encoded)):
+            logger.warning("effect %s: performed by an attempt whose lease had lapsed; its "
+                           "outcome is recorded, reconciliation is no longer needed", key)
+            return
+        logger.warning("effect %s: performed, but the receipt changed meanwhile (resolved or "
+                       "resent with the same key); the recorded outcome was kept", key)
 
     def _attempt_alive(self, receipt: Receipt, in_flight_timeout: float) -> bool:
         """Is the attempt that wrote this in-flight receipt still running under its lease?

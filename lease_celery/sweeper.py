@@ -40,7 +40,9 @@ def sweep(app: Any, store: Store, *, limit: int = 100) -> list[LeaseRecord]:
         try:
             republish(app, record.task)
         except Exception:  # one bad row must not stop the others
-            logger.exception("lease %s: could not re-publish its task", record.key)
+            logger.exception("lease %s: could not re-publish its task; the next sweep tries "
+                             "again", record.key)
+            store.sweep_unmark(record.key, record.token)
             continue
         logger.warning("lease %s (owner %s, token %s) expired without renewal: task %s "
                        "re-published", record.key, record.owner, record.token,

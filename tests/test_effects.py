@@ -506,3 +506,52 @@ def test_a_task_that_lost_its_lease_starts_no_new_effect(
     receipt = _receipt(d)
     assert (receipt.lease_key, receipt.lease_token, receipt.lease_owner) == (
         "job:42", lease.token, "worker-d")
+
+
+# -- the store fences the start of an action on the caller's lease --------------------------
+
+
+def test_a_stale_lease_starts_no_action_even_unaware(stores: list[Store], clock: LogicalClock,
+                                                     target: Target) -> None:
+    """A worker whose lease expired on the store's clock (though it has not noticed: no local
+    check) calls ``once`` with that lease: the store refuses to create the receipt
+    (LeaseLost), ``fn`` is not called and no receipt exists; the same holds for the resend of an
+    abandoned attempt with ``retry_same_key``."""
+    d, e = stores
+    lease_d = _claim(d, "job:42", "worker-d")
+    clock.now += TTL  # expired at the deadline instant
+    with pytest.raises(LeaseLost, match="not current when the effect was to start"):
+        d.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD), lease=lease_d)
+    assert target.calls == [] and d.effects.get(KEY) is None
+
+    lease_e = _claim(e, "job:42", "worker-e")
+    assert e.effect_insert(KEY, fingerprint(PAYLOAD), lease_e) is True  # E starts, then dies
+    clock.now += TTL
+    with pytest.raises(LeaseLost):
+        e.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD), lease=lease_e, retry_same_key=True)
+    assert target.calls == [] and _receipt(e).lease_token == lease_e.token
+
+
+def test_a_lapsed_attempt_that_succeeds_records_its_known_outcome(
+        stores: list[Store], clock: LogicalClock, target: Target) -> None:
+    """D starts the action, its lease lapses while ``fn`` runs and E, replaying, marks the
+    receipt needs_reconciliation; then D's ``fn`` returns. D knows the outcome, so the receipt
+    becomes done with D's result: no reconciliation left, and E's next replay returns it."""
+    d, e = stores
+    lease_d = _claim(d, "job:42", "worker-d")
+
+    def slow_send(key: str) -> dict[str, Any]:
+        clock.now += TTL  # D's lease lapses while the request is out
+        lease_e = _claim(e, "job:42", "worker-e")
+        with pytest.raises(EffectOutcomeUnknown):
+            e.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD), lease=lease_e)
+        assert _receipt(e).state is EffectState.NEEDS_RECONCILIATION
+        return target.fn(PAYLOAD)(key)
+
+    assert d.effects.once(KEY, PAYLOAD, slow_send, lease=lease_d) == {
+        "receipt_id": "r-1", "key": KEY}
+    receipt = _receipt(e)
+    assert (receipt.state, receipt.result) == (EffectState.DONE, {"receipt_id": "r-1",
+                                                                   "key": KEY})
+    assert e.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD)) == {"receipt_id": "r-1", "key": KEY}
+    assert target.keys() == [KEY]

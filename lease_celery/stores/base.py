@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, InvalidKey, ResultNotSerializable, StoreError
+from ..errors import ConfigError, InvalidKey, LeaseLost, ResultNotSerializable, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 
 if TYPE_CHECKING:
@@ -134,6 +134,10 @@ class Store(abc.ABC):
         """Delete ``done``/``dead`` rows not updated for ``seconds``; tokens are retired."""
 
     @abc.abstractmethod
+    def sweep_unmark(self, key: str, token: int) -> bool:
+        """Undo ``sweep_expired``'s mark on generation ``token`` (its re-publish failed)."""
+
+    @abc.abstractmethod
     def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
         """Mark and return running rows whose lease expired and that carry task info.
 
@@ -192,6 +196,8 @@ class Store(abc.ABC):
         """Create an ``in_flight`` receipt (version 1, attempts 1, started now) for ``lease``.
 
         Atomic insert-if-absent: returns False, changing nothing, if ``key`` has a receipt.
+        Raises ``LeaseLost`` (nothing written) if ``lease`` is given and no longer current: a
+        worker that stalled past its lease starts no new action.
         """
 
     @abc.abstractmethod
@@ -208,7 +214,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
-        """Start a new attempt: ``in_flight`` for ``lease``, attempts + 1, if at ``version``."""
+        """Start a new attempt: ``in_flight`` for ``lease``, attempts + 1, if at ``version``.
+
+        Raises ``LeaseLost`` (nothing written) if ``lease`` is given and no longer current.
+        """
 
     @abc.abstractmethod
     def effect_delete(self, key: str, *, version: int) -> bool:
@@ -295,6 +304,11 @@ def fence_params(lease: Lease) -> dict[str, Any]:
     if not isinstance(lease, Lease):
         raise TypeError(f"expected a Lease, got {type(lease).__name__}: {lease!r}")
     return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+
+
+def lease_not_current(lease: Lease, when: str) -> LeaseLost:
+    return LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) is not "
+                     f"current {when}; nothing was written")
 
 
 def lease_params(lease: Lease | None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from .base import (
     encode_result,
     encode_task,
     fence_params,
+    lease_not_current,
     lease_params,
     number_option,
 )
@@ -268,6 +269,9 @@ class PostgresStore(Store):
         params = self._params(seconds=check_delay(seconds))
         return len(self._run(lambda conn: conn.execute(self._q["purge_old"], params).fetchall()))
 
+    def sweep_unmark(self, key: str, token: int) -> bool:
+        return self._returns_row("sweep_unmark", key=check_key(key), token=token)
+
     def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
         params = self._params(limit=check_limit(limit))
         rows = self._run(lambda conn: conn.execute(self._q["sweep"], params).fetchall())
@@ -299,7 +303,7 @@ class PostgresStore(Store):
 
     def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
         return self._returns_row("effect_insert", key=check_key(key), fingerprint=fingerprint,
-                                 **lease_params(lease))
+                                 **lease_params(lease)) or self._still_current(lease)
 
     def effect_get(self, key: str) -> Receipt | None:
         key = check_key(key)
@@ -313,7 +317,13 @@ class PostgresStore(Store):
 
     def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
         return self._returns_row("effect_restart", key=key, version=version,
-                                 **lease_params(lease))
+                                 **lease_params(lease)) or self._still_current(lease)
+
+    def _still_current(self, lease: Lease | None) -> bool:
+        """After a refused effect write: False if the lease is current, else ``LeaseLost``."""
+        if lease is not None and not self._returns_row("is_current", **fence_params(lease)):
+            raise lease_not_current(lease, "when the effect was to start")
+        return False
 
     def effect_delete(self, key: str, *, version: int) -> bool:
         return self._returns_row("effect_delete", key=key, version=version)

@@ -32,6 +32,7 @@ from .base import (
     encode_result,
     encode_task,
     fence_params,
+    lease_not_current,
     lease_params,
 )
 from .queries import load_queries
@@ -218,6 +219,9 @@ class RedisStore(Store):
         return sum(int(self._call("purge_old", self._keys(key)[:1], [repr(seconds)]))
                    for key in list(self._lease_keys()))
 
+    def sweep_unmark(self, key: str, token: int) -> bool:
+        return bool(self._call("sweep_unmark", self._keys(check_key(key))[:1], [str(token)]))
+
     def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
         limit = check_limit(limit)
         swept: list[LeaseRecord] = []
@@ -257,10 +261,19 @@ class RedisStore(Store):
         return [f"{self.prefix}effect:{check_key(key)}"]
 
     def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
+        return self._effect_write("effect_insert", key, lease, [fingerprint])
+
+    def _effect_write(self, script: str, key: str, lease: Lease | None,
+                      leading: list[str]) -> bool:
+        """Run a receipt script fenced on ``lease`` (-1 back means it was not current)."""
         who = lease_params(lease)
-        return bool(self._call("effect_insert", self._effect_key(key), [
-            fingerprint, who["lease_key"] or "", "" if lease is None else str(lease.token),
-            who["lease_owner"] or ""]))
+        lease_hash = self._keys(lease.key)[0] if lease is not None else f"{self.prefix}none"
+        reply = self._call(script, [*self._effect_key(key), lease_hash], [
+            *leading, who["lease_key"] or "", "" if lease is None else str(lease.token),
+            who["lease_owner"] or ""])
+        if lease is not None and int(reply) == -1:
+            raise lease_not_current(lease, "when the effect was to start")
+        return bool(int(reply) == 1)
 
     def effect_get(self, key: str) -> Receipt | None:
         try:
@@ -284,10 +297,7 @@ class RedisStore(Store):
                                [str(version), state.value, result or ""]))
 
     def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
-        who = lease_params(lease)
-        return bool(self._call("effect_restart", self._effect_key(key), [
-            str(version), who["lease_key"] or "", "" if lease is None else str(lease.token),
-            who["lease_owner"] or ""]))
+        return self._effect_write("effect_restart", key, lease, [str(version)])
 
     def effect_delete(self, key: str, *, version: int) -> bool:
         return bool(self._call("effect_delete", self._effect_key(key), [str(version)]))

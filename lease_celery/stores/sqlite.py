@@ -33,6 +33,7 @@ from .base import (
     encode_result,
     encode_task,
     fence_params,
+    lease_not_current,
     lease_params,
     number_option,
 )
@@ -294,6 +295,11 @@ class SQLiteStore(Store):
 
         return [record for key in self._write(body) if (record := self.get(key)) is not None]
 
+    def sweep_unmark(self, key: str, token: int) -> bool:
+        params = {"key": check_key(key), "token": token}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["sweep_unmark"], params).rowcount == 1)
+
     def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
         with self._lock:
             return self._retry_busy(lambda: query(self._connection()))
@@ -324,8 +330,12 @@ class SQLiteStore(Store):
 
     def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
         params = {"key": check_key(key), "fingerprint": fingerprint, **lease_params(lease)}
-        return self._write(lambda conn, now: conn.execute(
-            _Q["effect_insert"], {**params, "now": now}).rowcount == 1)
+
+        def body(conn: sqlite3.Connection, now: float) -> bool:
+            self._require_current(conn, lease, now)
+            return conn.execute(_Q["effect_insert"], {**params, "now": now}).rowcount == 1
+
+        return self._write(body)
 
     def effect_get(self, key: str) -> Receipt | None:
         key = check_key(key)
@@ -340,8 +350,19 @@ class SQLiteStore(Store):
 
     def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
         params = {"key": key, "version": version, **lease_params(lease)}
-        return self._write(lambda conn, now: conn.execute(
-            _Q["effect_restart"], {**params, "now": now}).rowcount == 1)
+
+        def body(conn: sqlite3.Connection, now: float) -> bool:
+            self._require_current(conn, lease, now)
+            return conn.execute(_Q["effect_restart"], {**params, "now": now}).rowcount == 1
+
+        return self._write(body)
+
+    @staticmethod
+    def _require_current(conn: sqlite3.Connection, lease: Lease | None, now: float) -> None:
+        """Inside the write transaction: the effect's lease (if any) must be current."""
+        if lease is not None and conn.execute(
+                _Q["check_current"], {**fence_params(lease), "now": now}).fetchone() is None:
+            raise lease_not_current(lease, "when the effect was to start")
 
     def effect_delete(self, key: str, *, version: int) -> bool:
         return self._write(lambda conn, now: conn.execute(

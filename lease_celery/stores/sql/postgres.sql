@@ -202,6 +202,12 @@ WHERE l.key = candidates.key AND l.state = 'running' AND l.expires_at <= clock.n
   AND l.swept_token IS DISTINCT FROM l.token
 RETURNING l.key
 
+-- name: sweep_unmark
+-- The re-publish failed: let the next sweep try this expired generation again.
+UPDATE {schema}.lease_celery_leases SET swept_token = NULL
+WHERE key = %(key)s AND swept_token = %(token)s
+RETURNING key
+
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
        not_before, reason, task
@@ -256,12 +262,18 @@ WHERE l.key = %(key)s AND l.state <> 'purged'
 RETURNING l.token
 
 -- name: effect_insert
+-- Only while the caller's lease (if any) is current: a stalled worker starts no new action.
 INSERT INTO {schema}.lease_celery_effects
        (key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
         result, version, updated_at)
 SELECT %(key)s, %(fingerprint)s, 'in_flight', %(lease_key)s, %(lease_token)s, %(lease_owner)s,
        clock.now, 1, NULL, 1, clock.now
 FROM (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now) AS clock
+WHERE %(lease_key)s::text IS NULL
+   OR EXISTS (SELECT 1 FROM {schema}.lease_celery_leases AS l
+                 WHERE l.key = %(lease_key)s AND l.state = 'running'
+                   AND l.owner = %(lease_owner)s AND l.token = %(lease_token)s
+                   AND l.expires_at > clock.now)
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -284,7 +296,18 @@ SET state = 'in_flight', lease_key = %(lease_key)s, lease_token = %(lease_token)
     version = e.version + 1, updated_at = clock.now
 FROM (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now) AS clock
 WHERE e.key = %(key)s AND e.version = %(version)s
+  AND (%(lease_key)s::text IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.lease_celery_leases AS l
+                 WHERE l.key = %(lease_key)s AND l.state = 'running'
+                   AND l.owner = %(lease_owner)s AND l.token = %(lease_token)s
+                   AND l.expires_at > clock.now))
 RETURNING e.key
+
+-- name: is_current
+SELECT 1 FROM {schema}.lease_celery_leases AS l
+WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
+  AND l.expires_at > COALESCE(%(now)s::double precision,
+                              extract(epoch FROM clock_timestamp())::double precision)
 
 -- name: effect_delete
 DELETE FROM {schema}.lease_celery_effects WHERE key = %(key)s AND version = %(version)s

@@ -12,6 +12,11 @@ local function now(injected)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function fmt(x) return string.format('%.6f', x) end
+local function lease_current(lease_hash, owner, token, t)
+  local state, o, tok, expires_at = unpack(redis.call(
+    'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
+  return state == 'running' and o == owner and tok == token and tonumber(expires_at) > t
+end
 
 -- name: claim
 -- KEYS: lease hash, token counter, store-wide fence counter. ARGV: injected_now, owner, ttl
@@ -101,6 +106,13 @@ end
 redis.call('HSET', KEYS[1], 'swept_token', token)
 return 1
 
+-- name: sweep_unmark
+-- The re-publish failed: let the next sweep try this expired generation again.
+-- ARGV: injected_now, token
+if redis.call('HGET', KEYS[1], 'swept_token') ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], 'swept_token')
+return 1
+
 -- name: purge_old
 -- Delete one done/dead hash last updated before now - ARGV[2] (its token counter stays).
 local t = now(ARGV[1])
@@ -120,9 +132,10 @@ end
 return redis.call('DEL', KEYS[1])
 
 -- name: effect_insert
--- KEYS[1]: the receipt hash. ARGV: injected_now, fingerprint, lease_key, lease_token,
--- lease_owner ('' for none).
+-- KEYS[1]: the receipt hash, KEYS[2]: the lease hash. ARGV: injected_now, fingerprint,
+-- lease_key, lease_token, lease_owner ('' for none). -1: the lease is not current.
 local t = now(ARGV[1])
+if ARGV[3] ~= '' and not lease_current(KEYS[2], ARGV[5], ARGV[4], t) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[2], 'state', 'in_flight', 'lease_key', ARGV[3],
            'lease_token', ARGV[4], 'lease_owner', ARGV[5], 'started_at', fmt(t),
@@ -140,8 +153,10 @@ redis.call('HINCRBY', KEYS[1], 'version', 1)
 return 1
 
 -- name: effect_restart
--- ARGV: injected_now, version, lease_key, lease_token, lease_owner. Only if version matches.
+-- KEYS: receipt hash, lease hash. ARGV: injected_now, version, lease_key, lease_token,
+-- lease_owner. Only if version matches; -1: the lease is not current.
 local t = now(ARGV[1])
+if ARGV[3] ~= '' and not lease_current(KEYS[2], ARGV[5], ARGV[4], t) then return -1 end
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'in_flight', 'lease_key', ARGV[3], 'lease_token', ARGV[4],
            'lease_owner', ARGV[5], 'started_at', fmt(t), 'updated_at', fmt(t))

@@ -154,6 +154,10 @@ WHERE key = :key AND state = 'running' AND expires_at <= :now AND task IS NOT NU
   AND (swept_token IS NULL OR swept_token <> token)
 RETURNING token, task
 
+-- name: sweep_unmark
+-- The re-publish failed: let the next sweep try this expired generation again.
+UPDATE lease_celery_leases SET swept_token = NULL WHERE key = :key AND swept_token = :token
+
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
        not_before, reason, task
