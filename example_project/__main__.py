@@ -1,9 +1,10 @@
 """``python -m example_project demo``: see what lease_celery fixes, on embedded defaults.
 
 Starts real ``celery worker`` processes (prefork) on kombu's filesystem broker, a SQLite lease
-store and an outside HTTP service, then plays one failure story (a duplicate delivery, a
-worker SIGKILLed mid-task, a worker stalled past its lease) twice: with a plain Celery task and
-with ``LeasedTask``. Ends with a side-by-side table and a picture of the lease timeline.
+store and an outside HTTP service, then plays one failure story (a duplicate delivery, a lone
+delivery whose worker is SIGKILLed mid-task, a worker stalled past its lease) twice: with a
+plain Celery task and with ``LeasedTask``. Ends with a side-by-side table and a picture of the
+lease timeline.
 """
 
 from __future__ import annotations

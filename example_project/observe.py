@@ -1,9 +1,10 @@
 """Signal receivers that write the demo's timeline from inside the workers.
 
 Celery's own signals say which worker received, started and finished which delivery;
-lease_celery's signals say who claimed, renewed, lost, deferred, ignored or was refused. A
-receiver never breaks a task (both libraries log and swallow a receiver's exception), so this
-module observes and never steers.
+lease_celery's signals say who claimed, renewed, lost, deferred, ignored, swept or was
+refused, and which outside action a receipt performed or replayed. A receiver never breaks a
+task (both libraries log and swallow a receiver's exception), so this module observes and
+never steers.
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ def _connect(name: str) -> None:
     def receiver(sender: Any = None, key: str | None = None, lease: Any = None,
                  **fields: Any) -> None:
         fields.pop("signal", None)
-        record = fields.pop("record", None)  # duplicate_ignored: the finished row
+        record = fields.pop("record", None)  # duplicate_ignored, lease_swept: the row
         if record is not None:
-            fields["record_token"] = record.token
+            fields["record_token"], fields["record_owner"] = record.token, record.owner
         timeline.record(name, key=key, **_lease_fields(lease), **fields)
 
     getattr(lease_signals, name).connect(receiver, weak=False)
 
 
+# lease_swept comes from a worker's main process (its sweeper thread); the effect signals carry
+# the effect's business key (``publish:report:…:v1``) instead of a lease key.
 for _name in ("lease_acquired", "lease_renewed", "lease_lost", "lease_released",
-              "duplicate_deferred", "duplicate_ignored", "stale_result_rejected"):
+              "duplicate_deferred", "duplicate_ignored", "stale_result_rejected", "lease_swept",
+              "effect_performed", "effect_replayed", "effect_outcome_unknown"):
     _connect(_name)

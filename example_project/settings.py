@@ -37,6 +37,12 @@ lease_store_url = os.environ.get(
     "EXAMPLE_STORE_URL", f"sqlite:///{os.path.join(DATA_DIR, 'leases.sqlite3')}")
 lease_ttl = 2.0
 lease_heartbeat_interval = 0.5
+# Every worker's main process runs a sweeper thread: a lease that expired without renewal (its
+# owner died) gets the task recorded on its row re-published, once per expired token. Unset =
+# lease_celery's default, half the smallest lease_ttl (1 s here); 0 turns it off (the demo does
+# that for the plain run's workers: a plain Celery deployment has no sweeper).
+lease_sweep_interval = (float(os.environ["EXAMPLE_SWEEP_INTERVAL"])
+                        if os.environ.get("EXAMPLE_SWEEP_INTERVAL") else None)
 
 # The app's own settings (read by the tasks through ``app.conf``).
 #: Where finished reports are published: an outside service this app does not control.

@@ -15,11 +15,18 @@ __all__ = ["Execution", "History", "LeaseSpan", "report_of_key"]
 
 
 def report_of_key(key: str | None) -> int | None:
-    """``report:<edition>:<id>`` -> id."""
-    if not key or not key.startswith("report:"):
+    """``report:<edition>:<id>`` (a lease) or ``publish:report:<edition>:<id>:v1`` -> id."""
+    if not key:
+        return None
+    parts = key.split(":")
+    if key.startswith("report:") and len(parts) == 3:
+        value = parts[2]
+    elif key.startswith("publish:report:") and len(parts) == 5:
+        value = parts[3]
+    else:
         return None
     try:
-        return int(key.rsplit(":", 1)[1])
+        return int(value)
     except ValueError:
         return None
 
@@ -35,6 +42,7 @@ class Execution:
     copy: str | None          # which of the demo's deliveries ("1", "2") this one descends from
     started: float
     redelivered: bool = False  # the broker redelivered the message (after a worker died)
+    origin: str = "demo"       # who published the message it runs: see History._origin
     token: int | None = None
     ended: float | None = None
     state: str | None = None  # Celery's postrun state: SUCCESS, IGNORED, FAILURE
@@ -90,19 +98,21 @@ class History:
 
     def _build(self) -> None:
         copies: dict[int, Event] = {}            # pid -> prerun of the delivery it runs
+        seen: set[tuple[str, str]] = set()       # (task id, copy) the demo's publish ran as
         running: dict[int, Execution] = {}       # pid -> the body it is running
         spans: dict[tuple[int, int], LeaseSpan] = {}
         for event in self.events:
             name, pid = event["event"], int(event.get("pid", -1))
             current = running.get(pid)
             if name == "prerun":
-                copies[pid] = event
+                copies[pid] = {**event, "origin": self._origin(event, seen)}
             elif name == "body_start":
                 prerun = copies.get(pid, {})
                 execution = Execution(
                     report_id=event["report_id"], worker=event.get("worker") or "?", pid=pid,
                     task_id=event["task_id"], copy=prerun.get("copy"), started=event["t"],
-                    redelivered=bool(prerun.get("redelivered")), token=event.get("token"))
+                    redelivered=bool(prerun.get("redelivered")), token=event.get("token"),
+                    origin=prerun.get("origin", "demo"))
                 self.executions.append(execution)
                 running[pid] = execution
             elif name == "effect_sent" and current:
@@ -133,6 +143,26 @@ class History:
                         span.finished = event["t"]
                         span.expires_at = min(span.expires_at, event["t"])
         self.leases = sorted(spans.values(), key=lambda s: s.acquired)
+
+    @staticmethod
+    def _origin(prerun: Event, seen: set[tuple[str, str]]) -> str:
+        """Who published the message a pool process is about to run.
+
+        ``broker``: the broker's own redelivery (its ``redelivered`` flag). ``deferred``: a
+        re-publish with a countdown (LeasedTask deferring a duplicate: the message has an ETA).
+        ``demo``: the first run of a delivery the demo published. ``sweeper``: another message
+        with the same task id and copy, without an ETA: only the sweeper publishes those (it
+        re-publishes the delivery recorded on the lease row, which had no ETA of its own).
+        """
+        if prerun.get("redelivered"):
+            return "broker"
+        if prerun.get("eta"):
+            return "deferred"
+        ident = (str(prerun.get("task_id")), str(prerun.get("copy")))
+        if ident in seen:
+            return "sweeper"
+        seen.add(ident)
+        return "demo"
 
     def _last(self, pid: int, token: object) -> Execution | None:
         for execution in reversed(self.executions):

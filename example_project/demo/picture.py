@@ -1,7 +1,8 @@
 """The lease timeline as one self-contained SVG file (no scripts, fonts or links).
 
 One panel per mode, on one time scale. Each report is a row: a thin lane of deliveries on top
-(published by the demo, deferred by a live lease, dropped as done), then one bar per body
+(published by the demo, deferred by a live lease, dropped as done, re-published by a sweeper),
+then one bar per body
 execution, coloured by worker process. Under a leased bar, a line shows how long the store
 granted the lease; a takeover shows as the next token's bar starting after that line ends.
 Hovering any mark shows its details (SVG <title>).
@@ -101,7 +102,8 @@ def _execution(ex: Execution, spans: list[LeaseSpan], x: _X, y: float,
     end = ex.end if ex.end is not None else _last(history)
     worker = ex.worker.split("@", 1)[0]
     token = f" · token {ex.token}" if ex.token is not None else ""
-    tip = (f"{ex.worker} pool pid {ex.pid}{token}; delivery copy {ex.copy or '?'}; "
+    tip = (f"{ex.worker} pool pid {ex.pid}{token}; delivery copy {ex.copy or '?'} "
+           f"(message published by: {ex.origin}); "
            f"body {ex.started - _origin(history):.2f}s → {end - _origin(history):.2f}s")
     width = max(2.0, x(end) - x(ex.started))
     yield (f'<rect x="{x(ex.started):.1f}" y="{y:.1f}" width="{width:.1f}" height="{BAR}" '
@@ -118,7 +120,7 @@ def _execution(ex: Execution, spans: list[LeaseSpan], x: _X, y: float,
                'fill="#ffffff" opacity="0.9"/>')
         yield _text(middle, y + BAR - 3, "SIGSTOP … SIGCONT", size=9, anchor="middle",
                     weight="bold")
-    again = " ↻" if ex.redelivered else ""
+    again = " ↻" if ex.redelivered else " ⟳" if ex.origin == "sweeper" else ""
     label = f"{worker} pid {ex.pid}{token.replace(' · token ', ' t')}{again}"
     yield _text(x(ex.started) + 3, y + BAR - 3, label, size=9, fill="#ffffff")
     for lease in spans:
@@ -165,6 +167,13 @@ def _deliveries(history: History, report_id: int, x: _X, y: float) -> Iterable[s
     for event in history.for_report("duplicate_ignored", report_id):
         yield _mark(x(event["t"]), y, MUTED, "●",
                     f"pid {event['pid']}: report already {event.get('state')}: dropped", size=9)
+    for event in history.for_report("lease_swept", report_id):
+        yield _mark(x(event["t"]), y, GOOD, "⟳",
+                    f"worker main process pid {event['pid']}: lease token "
+                    f"{event.get('record_token')} of {event.get('record_owner')} expired without "
+                    "renewal: the sweeper re-published the task recorded on the lease row",
+                    size=11)
+        yield _text(x(event["t"]) + 7, y + 3, "swept", size=8, fill=GOOD)
 
 
 def _effects(received: list[Received], executions: list[Execution], report_id: int, x: _X,
@@ -194,19 +203,21 @@ def _legend(y: int, ttl: float) -> tuple[list[str], int]:
         ("✓", GOOD, "result accepted (red: a stale write accepted)"),
         ("⊘", BAD, "stale outcome refused by the lease store"),
         ("✕", BAD, "SIGKILL of the whole worker"),
+        ("⟳", GOOD, "the sweeper re-published an expired lease's task (bar label ⟳: that run)"),
         ("━", INK, f"lease granted by the store (ttl {ttl:g}s, renewed by the heartbeat)"),
     ]
     out = [_text(12, y + 4, "legend", weight="bold")]
     for i, (symbol, colour, text) in enumerate(items):
-        column, row = divmod(i, 4)
+        column, row = divmod(i, 5)
         lx, ly = 20 + column * 560, y + 22 + row * 16
         out.append(_text(lx, ly, symbol, fill=colour, size=12, weight="bold"))
         out.append(_text(lx + 18, ly, text, size=10))
-    out.append(_text(20, y + 22 + 4 * 16, "bars: one body execution each, coloured by worker, "
-                     "labelled worker, pool pid, token (↻: redelivered by the broker); hatched: "
+    out.append(_text(20, y + 22 + 5 * 16, "bars: one body execution each, coloured by worker, "
+                     "labelled worker, pool pid, token (↻: redelivered by the broker, ⟳: run of a "
+                     "sweeper's re-publish); hatched: "
                      "the pool process was stopped (SIGSTOP). Hover for details.",
                      size=10, fill=MUTED))
-    return out, y + 22 + 4 * 16 + 8
+    return out, y + 22 + 5 * 16 + 8
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -241,7 +252,8 @@ def _report_ids(history: History) -> list[int]:
 def _scene_of(history: History, report_id: int) -> str:
     executions = history.executions_of(report_id)
     if any(x.killed is not None for x in executions):
-        return "scene 2: SIGKILL"
+        lost = not any(x.state == "SUCCESS" or x.written is not None for x in executions)
+        return "scene 2: SIGKILL" + (" · LOST" if lost else "")
     if any(x.stalled is not None for x in executions):
         return "scene 3: stall"
     return "scene 1: duplicate"

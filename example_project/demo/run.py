@@ -18,15 +18,17 @@ from lease_celery import LeaseError, open_store
 
 from ..receiver import Received, received
 from . import picture, scenes
+from .brokers import Broker
 from .cluster import DemoError, Receiver, Worker, start_receiver, start_worker
-from .history import History
+from .history import Execution, History
 from .stage import Mode, Stage
 from .table import render
 from .tally import Tally, leased_results, plain_results, tally
 
 __all__ = ["ModeRun", "Options", "run"]
 
-#: Three workers: one gets killed in scene 2, one stalled in scene 3, one is always left.
+#: Three workers: one gets killed in scene 2, one stalled in scene 3, one is always left (so a
+#: live worker's sweeper and a free pool process are there to recover the killed one's task).
 WORKERS = 3
 
 
@@ -92,11 +94,13 @@ def run(options: Options) -> int:
                                        ttl=float(app.conf.lease_ttl)))
             print()
             print(render([r.tally for r in runs]))
+            for line in _lost_notes(runs, Broker(broker_url, app)):
+                print(line)
             print(f"\ntimeline picture: {svg}\nevery event:      {data_dir}/*/timeline.jsonl")
         finally:
             _reap(workers)
             if not broker_url.startswith("filesystem"):
-                _delete_queues(app, [_queue(run_id, name) for name in options.modes])
+                _delete_queues(app, broker_url, [_queue(run_id, name) for name in options.modes])
     finally:
         receiver.stop()
     wall = time.monotonic() - say.started
@@ -133,16 +137,22 @@ def _play(mode: Mode, *, run_id: str, options: Options, data_dir: Path, broker_u
     edition = f"{run_id}-{mode.name}"
     queue = _queue(run_id, mode.name)
     timeline_path = run_dir / "timeline.jsonl"
+    timeline_path.unlink(missing_ok=True)  # a reused --data-dir: the previous run's events go
     env = {**os.environ, "EXAMPLE_QUEUE": queue, "EXAMPLE_TIMELINE": str(timeline_path)}
+    if not mode.leased:
+        # A plain Celery deployment has no sweeper. (The app defines both tasks, so without this
+        # the plain run's workers, still shutting down while the leased run plays, would sweep
+        # the leased run's leases and record it in the wrong timeline.)
+        env["EXAMPLE_SWEEP_INTERVAL"] = "0"
     say(f"== {mode.title} ==")
     started = time.monotonic()
     mine = [start_worker(f"w{i}", domain=mode.name, queue=queue, env=env, log_dir=run_dir)
             for i in range(1, WORKERS + 1)]
     workers.extend(mine)
-    stage = Stage(mode=mode, edition=edition, queue=queue, broker_url=broker_url,
+    stage = Stage(mode=mode, edition=edition, queue=queue, broker=Broker(broker_url, mode.task.app),
                   receiver_url=receiver.url, timeline_path=timeline_path, workers=mine,
-                  ttl=float(conf.lease_ttl), build_seconds=float(conf.report_build_seconds),
-                  say=say)
+                  ttl=float(conf.lease_ttl), sweep_interval=_sweep_interval(conf),
+                  build_seconds=float(conf.report_build_seconds), say=say)
     try:
         hostnames = {w.hostname for w in mine}
         stage.wait(lambda h: hostnames <= {e.get("worker") for e in h.of("worker_ready")},
@@ -151,7 +161,7 @@ def _play(mode: Mode, *, run_id: str, options: Options, data_dir: Path, broker_u
             f"(celery worker -P prefork -c 1 -O fair)")
         reports = list(range(1, options.tasks + 1))
         scenes.duplicates(stage, reports[:-2])
-        scenes.crash(stage, reports[-2])
+        scenes.lone_kill(stage, reports[-2])
         scenes.stall(stage, reports[-1])
     finally:
         # A warm shutdown takes the filesystem transport's worker ~5 s; let it happen while
@@ -189,14 +199,67 @@ def _queue(run_id: str, mode: str) -> str:
     return f"example-{run_id}-{mode}"
 
 
-def _delete_queues(app: Any, queues: list[str]) -> None:
+def _delete_queues(app: Any, broker_url: str, queues: list[str]) -> None:
     """Leave no demo queue behind on a shared broker (the filesystem one is in the data dir)."""
     try:
         with app.connection_for_write() as connection:
-            for queue in queues:
-                connection.default_channel.queue_delete(queue)
+            channel = connection.default_channel
+            redis = broker_url.startswith(("redis", "rediss"))
+            for name in queues:  # Celery named each queue's exchange and routing key after it
+                if redis:  # so this channel knows the binding, and the delete removes it too
+                    channel.exchange_declare(exchange=name, type="direct", durable=True)
+                    channel.queue_bind(name, exchange=name, routing_key=name)
+                channel.queue_delete(name)
+                if not redis:  # Redis keeps no exchange of its own
+                    channel.exchange_delete(name)
+        forgotten = Broker(broker_url, app).forget_unacked(queues)
+        if forgotten:
+            print(f"cleanup:          removed {forgotten} unacked message(s) the killed workers "
+                  "left in Redis (a restore sweep would otherwise re-create the deleted queues "
+                  "after visibility_timeout)")
     except Exception as exc:  # best effort: the story has been told already
         print(f"note: could not delete the demo's queues {queues}: {exc}", file=sys.stderr)
+
+
+def _sweep_interval(conf: Any) -> float:
+    """The leased workers' sweep interval: the setting, or lease_celery's default (ttl / 2)."""
+    configured = conf.get("lease_sweep_interval")
+    return float(configured) if configured is not None else float(conf.lease_ttl) / 2
+
+
+def _killed_reports(history: History) -> dict[int, Execution | None]:
+    """Each report a SIGKILL cut short -> the execution that completed it after all, or None."""
+    killed = {x.report_id for x in history.executions if x.killed is not None}
+    return {report_id: next((x for x in history.executions_of(report_id)
+                             if x.killed is None and x.state == "SUCCESS"), None)
+            for report_id in sorted(killed)}
+
+
+def _lost_notes(runs: list[ModeRun], broker: Broker) -> list[str]:
+    """What became of the deliveries the SIGKILL cut short, per mode, on this broker."""
+    if broker.kind == "redis":
+        why = (f"lost within the demo: Redis still held the killed worker's message unacked and "
+               f"would restore it only after visibility_timeout ({broker.visibility_timeout:g}s) "
+               "and a restore sweep")
+    elif broker.kind == "filesystem":
+        why = ("lost: the filesystem transport deleted the message when the killed worker "
+               "fetched it; nothing will ever run it again")
+    else:
+        why = "lost within the demo: no delivery of it finished"
+    how = {"sweeper": "the lease row recorded the task, and a sweeper re-published it once the "
+                      "dead owner's lease expired",
+           "broker": "the broker redelivered the message",
+           "deferred": "a copy deferred while the dead owner's lease ran out took over"}
+    notes = []
+    for r in runs:
+        for report_id, x in _killed_reports(r.history).items():
+            if x is None:
+                notes.append(f"killed delivery, {r.mode.title}: report {report_id} {why}")
+            else:
+                token = f" with token {x.token}" if x.token is not None else ""
+                notes.append(f"killed delivery, {r.mode.title}: report {report_id} recovered"
+                             f"{token}: {how.get(x.origin, 'another delivery ran it')}")
+    return ["", *notes] if notes else []
 
 
 def _one_line(t: Tally) -> str:
@@ -222,7 +285,9 @@ def _header(say: Narrator, data_dir: Path, broker_url: str, store_url: str,
         "type")
     say(f"  broker          {where}")
     say(f"  lease store     {store_url}  (ttl {conf.lease_ttl:g}s, heartbeat every "
-        f"{conf.lease_heartbeat_interval:g}s)")
+        f"{conf.lease_heartbeat_interval:g}s; LeasedTask workers sweep for expired leases every "
+        f"{_sweep_interval(conf):g}s; the publish goes through self.effect, a receipt under "
+        "publish:report:<edition>:<id>:v1)")
     say(f"  outside service {receiver.url} (pid {receiver.process.pid}), records every request "
         f"in {data_dir}/outside-service.sqlite3")
     say(f"  data            {data_dir}")
@@ -236,6 +301,11 @@ def _summary(runs: list[ModeRun], *, data_dir: Path, svg: Path, broker_url: str,
         "modes": {r.mode.name: r.tally.as_dict() for r in runs},
         "max_token": {r.mode.name: max((s.token for s in r.history.leases), default=0)
                       for r in runs},
+        # report id -> how a delivery cut short by the SIGKILL got done after all (or null)
+        "killed": {r.mode.name: {str(report_id): None if x is None else
+                                 {"origin": x.origin, "token": x.token, "worker": x.worker}
+                                 for report_id, x in _killed_reports(r.history).items()}
+                   for r in runs},
     }
 
 

@@ -1,8 +1,9 @@
 """The story: three scenes, played the same way whatever the task and the broker.
 
-Every scene publishes each of its reports twice with the same task id, as a broker redelivers
-a message. What differs between the modes is only what the task does with the second copy,
-and with a worker that comes back from the dead or from a stall.
+Scenes 1 and 3 publish each of their reports twice with the same task id, as a broker
+redelivers a message; scene 2 publishes its report once and kills the worker that runs it.
+What differs between the modes is only what the task does with the second copy, with a worker
+that comes back from a stall, and what is left to recover a task whose worker died.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..receiver import received
 from .history import Execution, History
 from .stage import Stage
 
-__all__ = ["crash", "duplicates", "redelivery_note", "stall"]
+__all__ = ["duplicates", "lone_kill", "stall"]
 
 #: How long a scene may wait for one expected event (generous: CI machines are slow).
 STEP_TIMEOUT = 15.0
@@ -38,28 +39,59 @@ def duplicates(stage: Stage, report_ids: list[int]) -> None:
     _narrate(stage, report_ids)
 
 
-def crash(stage: Stage, report_id: int) -> None:
-    """Scene 2: the worker running a report is SIGKILLed mid-build."""
-    stage.say(f"scene 2 · a worker SIGKILLed in the middle of a task: report {report_id}")
-    task_id = stage.publish(report_id, copy=1)
+def lone_kill(stage: Stage, report_id: int) -> None:
+    """Scene 2: a report published once; the whole worker running it is SIGKILLed mid-build."""
+    stage.say(f"scene 2 · a lone delivery, its whole worker SIGKILLed mid-task: report "
+              f"{report_id}, published once (no duplicate to fall back on)")
+    stage.publish(report_id, copy=1)
     first = stage.wait(lambda h: _first(h, report_id), timeout=STEP_TIMEOUT,
                        what=f"report {report_id} to start")
     stage.say(f"  {_who(first)} started building report {report_id}")
-    stage.publish(report_id, copy=2, task_id=task_id)
-    stage.say(f"  the same message delivered again while {_short(first.worker)} runs it")
-    _show_second_copy(stage, report_id, first)
-    # Mid-build: well after the second copy was handled, well before the body would publish.
+    # Mid-build: well before the body would publish.
     stage.wait(lambda h: time.time() >= first.started + stage.build_seconds / 2,
                timeout=STEP_TIMEOUT, what="the middle of the build")
     worker = stage.worker(first.worker)
     pids = stage.kill(worker)
+    killed_at = time.time()
     stage.say(f"  SIGKILL {worker.name} (worker pid {pids[0]} and its pool process "
-              f"{', '.join(map(str, pids[1:])) or '?'}), "
-              f"{time.time() - first.started:.1f}s into the build")
-    stage.say(f"  {redelivery_note(stage.broker_url)}")
+              f"{', '.join(map(str, pids[1:])) or '?'}, as the OOM killer would), "
+              f"{killed_at - first.started:.1f}s into the build")
+    stage.say(f"  {stage.broker.on_kill()}")
+    # The time LeasedTask needs at most to notice: the lease runs out, then a sweep finds it.
+    window = stage.ttl + stage.sweep_interval
+    if stage.mode.leased:
+        stage.say(f"  its lease (token {first.token}) is no longer renewed and expires within "
+                  f"{stage.ttl:g}s; the sweeper thread in each other worker's main process looks "
+                  f"for expired leases every {stage.sweep_interval:g}s")
+
+        def recovered(history: History) -> Execution | None:
+            return next((x for x in history.executions_of(report_id)
+                         if x.pid != first.pid and x.state == "SUCCESS"), None)
+
+        winner = stage.wait(recovered, timeout=window + stage.build_seconds + STEP_TIMEOUT,
+                            what=f"report {report_id} to be recovered")
+        for sweep in stage.refresh().for_report("lease_swept", report_id):
+            sweeper = stage.worker_by_pid(sweep["pid"])
+            stage.say(f"  {sweeper.name if sweeper else 'pid ' + str(sweep['pid'])}'s sweeper, "
+                      f"{sweep['t'] - killed_at:.1f}s after the SIGKILL: lease token "
+                      f"{sweep.get('record_token')} of {_owner(stage, sweep.get('record_owner'))} "
+                      "expired without renewal → re-published the task recorded on the lease "
+                      "row (same task id), once for that token")
+        stage.say(f"  {_who(winner)} ran the {_copy(winner, lone=True)}: took the key over, "
+                  "built, published through its receipt, result accepted by the lease store")
+    else:
+        stage.wait(lambda h: time.time() >= killed_at + window, timeout=window + STEP_TIMEOUT,
+                   what="the recovery window")
+        again = [x for x in stage.refresh().executions_of(report_id) if x.pid != first.pid]
+        runs = f"{len(again)} other run(s)" if again else "no other run"
+        stage.say(f"  waited {window:g}s (a lease ttl plus one sweep interval: what LeasedTask "
+                  f"needs to notice): {runs} of report {report_id}")
     stage.settle()
+    holds = stage.broker.holds(stage.queue)
+    if holds:
+        stage.say(f"  the broker now: {holds}")
     _narrate(stage, [report_id])
-    _conclude_crash(stage, stage.refresh().executions_of(report_id))
+    _conclude_lone_kill(stage, stage.refresh().executions_of(report_id))
 
 
 def stall(stage: Stage, report_id: int) -> None:
@@ -96,9 +128,9 @@ def stall(stage: Stage, report_id: int) -> None:
 
     winner = stage.wait(other_copy_done, timeout=STEP_TIMEOUT,
                         what="another worker to finish the report")
-    outcome = (f"with token {winner.token}; result accepted by the lease store"
+    outcome = ("(through its receipt); result accepted by the lease store"
                if stage.mode.leased else "and wrote its result")
-    stage.say(f"  {_who(winner)} built and published the report {outcome}")
+    stage.say(f"  {_who(winner)}, {_copy(winner)}, built and published the report {outcome}")
     stage.continue_process(first.pid)
     stage.say(f"  SIGCONT pool process {first.pid}: it wakes up "
               f"{time.time() - stopped_at:.1f}s later (longer than the {stage.ttl:g}s lease) "
@@ -107,55 +139,31 @@ def stall(stage: Stage, report_id: int) -> None:
     _narrate(stage, [report_id])
 
 
-def redelivery_note(broker_url: str) -> str:
-    """What this broker does with the message of a worker that was SIGKILLed."""
-    if broker_url.startswith("filesystem"):
-        return ("filesystem transport: it deleted the message when the worker fetched it, so "
-                "it can never redeliver it")
-    if broker_url.startswith(("redis", "rediss")):
-        return ("Redis: restores a dead worker's unacked message only after visibility_timeout "
-                "(1 h by default) and a restore sweep: not within this demo")
-    if broker_url.startswith(("amqp", "pyamqp")):
-        return ("RabbitMQ: requeues a dead consumer's unacked message at once: expect a real "
-                "redelivery below")
-    return "this broker's redelivery rules decide whether the killed delivery comes back"
-
-
 # -- narration ---------------------------------------------------------------------------------
 
-def _conclude_crash(stage: Stage, executions: list[Execution]) -> None:
+def _conclude_lone_kill(stage: Stage, executions: list[Execution]) -> None:
     done = [x for x in executions if x.state == "SUCCESS"]
+    report_id = executions[0].report_id
     if not done:
-        stage.say("  → the report is lost: no delivery of it finished")
+        if stage.mode.leased:
+            why = "no delivery of it finished"
+        elif stage.broker.kind == "redis":
+            why = ("its only message sits in Redis unacked until visibility_timeout; within the "
+                   "demo nothing runs it, and a plain task leaves no record that it was running")
+        else:
+            why = ("its only message died with the worker, and a plain task leaves no record "
+                   "that it was ever running")
+        stage.say(f"  → report {report_id} is lost: {why}")
         return
     winner = done[-1]
-    if stage.mode.leased:
-        stage.say(f"  → nothing lost: the {_copy(winner)} found the lease held, was deferred "
-                  f"(re-published, not dropped) and took over with token {winner.token} once the "
-                  "dead owner's lease expired. Without a second delivery this report would be "
-                  "lost in both modes on a broker that cannot redeliver; a coming sweeper "
-                  "re-publishes expired leases.")
-    elif any(x.redelivered for x in done):
-        stage.say(f"  → the broker redelivered the killed message and the plain task built the "
-                  f"report again beside the duplicate: {len(executions)} builds for one report")
-    else:
-        stage.say("  → the report exists only because a duplicate happened to be running "
-                  "alongside the killed build: this broker will never give the killed one back")
-
-
-def _show_second_copy(stage: Stage, report_id: int, first: Execution) -> None:
-    if stage.mode.leased:
-        deferred = stage.wait(
-            lambda h: h.for_report("duplicate_deferred", report_id), timeout=STEP_TIMEOUT,
-            what="the second copy to be deferred")[0]
-        stage.say(f"  {_short(_worker_of(stage, deferred['pid']))}: lease held by "
-                  f"{_short(first.worker)} → deferred (re-published to run in "
-                  f"{deferred['countdown']:.1f}s), not dropped")
-    else:
-        second = stage.wait(
-            lambda h: next((x for x in h.executions_of(report_id) if x.pid != first.pid), None),
-            timeout=STEP_TIMEOUT, what="the second copy to start")
-        stage.say(f"  {_who(second)} started a second build at once")
+    if not stage.mode.leased:
+        stage.say(f"  → the broker redelivered the killed message and the plain task built "
+                  f"report {report_id} again: not lost on this broker")
+        return
+    stage.say(f"  → nothing lost: the {_copy(winner, lone=True)} did the work with token "
+              f"{winner.token}. {stage.broker.later()}: that redelivery finds the key done and "
+              "is dropped (Ignore); one that arrives before the dead owner's lease has expired "
+              "is deferred first")
 
 
 def _narrate(stage: Stage, report_ids: list[int]) -> None:
@@ -163,13 +171,17 @@ def _narrate(stage: Stage, report_ids: list[int]) -> None:
     counts = Counter(r["report_id"] for r in received(stage.receiver_url, stage.edition))
     for report_id in report_ids:
         stage.say(f"  report {report_id}:")
+        lone = len(history.for_report("published", report_id)) == 1
         for execution in history.executions_of(report_id):
-            stage.say(f"    {_who(execution)}, {_copy(execution)}: "
+            stage.say(f"    {_who(execution)}, {_copy(execution, lone=lone)}: "
                       f"{_outcome(execution, leased=stage.mode.leased)}")
         deferred = len(history.for_report("duplicate_deferred", report_id))
         ignored = len(history.for_report("duplicate_ignored", report_id))
-        if deferred or ignored:
-            stage.say(f"    deliveries deferred {deferred}×, dropped as already done {ignored}×")
+        swept = len(history.for_report("lease_swept", report_id))
+        if deferred or ignored or swept:
+            also = f", re-published by a sweeper {swept}×" if swept else ""
+            stage.say(f"    deliveries deferred {deferred}×, dropped as already done "
+                      f"{ignored}×{also}")
         n = counts.get(report_id, 0)
         flag = f" ← {n - 1} duplicate effect{'s' if n > 2 else ''}" if n > 1 else ""
         stage.say(f"    the outside service received it {n}×{flag}")
@@ -212,20 +224,31 @@ def _who(x: Execution) -> str:
     return f"{_short(x.worker)} pid {x.pid}{token}"
 
 
-def _copy(x: Execution) -> str:
-    name = {"1": "first delivery", "2": "second delivery"}.get(x.copy or "", "delivery")
-    return f"{name} (redelivered by the broker)" if x.redelivered else name
+def _copy(x: Execution, *, lone: bool = False) -> str:
+    """Which delivery an execution ran, and who published the message it came in."""
+    name = ("only delivery" if lone else
+            {"1": "first delivery", "2": "second delivery"}.get(x.copy or "", "delivery"))
+    if x.origin == "sweeper":
+        return f"sweeper's re-publish of the {name}"
+    if x.origin == "broker":
+        return f"{name}, redelivered by the broker"
+    if x.origin == "deferred":
+        return f"{name}, back after its deferral"
+    return name
 
 
 def _short(hostname: str) -> str:
     return hostname.split("@", 1)[0]
 
 
-def _worker_of(stage: Stage, pid: int) -> str:
-    for event in stage.events:
-        if event.get("pid") == pid and event["event"] == "prerun":
-            return str(event.get("worker"))
-    return f"pid {pid}"
+def _owner(stage: Stage, owner: object) -> str:
+    """A lease owner (``hostname:pid:uuid4``) as the worker and pool process it was."""
+    try:
+        pid = int(str(owner).split(":")[-2])
+    except (IndexError, ValueError):
+        return str(owner)
+    running = next((x for x in stage.refresh().executions if x.pid == pid), None)
+    return f"{_short(running.worker)} pid {pid}" if running else f"pid {pid}"
 
 
 def _ids(ids: list[int]) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import timeline
+from .brokers import Broker
 from .cluster import DemoError, Worker
 from .history import History
 from .tally import deliveries_killed
@@ -37,14 +38,16 @@ class Mode:
 
 
 class Stage:
-    def __init__(self, *, mode: Mode, edition: str, queue: str, broker_url: str,
+    def __init__(self, *, mode: Mode, edition: str, queue: str, broker: Broker,
                  receiver_url: str, timeline_path: Path, workers: list[Worker], ttl: float,
-                 build_seconds: float, say: Callable[[str], None]) -> None:
+                 sweep_interval: float, build_seconds: float,
+                 say: Callable[[str], None]) -> None:
         self.mode, self.edition, self.queue = mode, edition, queue
-        self.broker_url, self.receiver_url = broker_url, receiver_url
+        self.broker, self.receiver_url = broker, receiver_url
         self.timeline_path = timeline_path
         self.workers = workers
         self.ttl, self.build_seconds = ttl, build_seconds
+        self.sweep_interval = sweep_interval
         self._say = say
         self._follower = timeline.Follower(timeline_path)
         self.events: list[timeline.Event] = []
@@ -74,10 +77,12 @@ class Stage:
     def settle(self, *, timeout: float = 20.0, quiet: float = 0.4) -> None:
         """Wait until every delivery in flight has ended: run, deferred, ignored or killed.
 
-        In flight = published by the demo + re-published by a deferral - ended. A delivery
-        ends with its postrun, or when the worker holding it (running or waiting for its
-        countdown) is SIGKILLed. A broker that redelivers by itself adds deliveries nobody
-        published, so "ended >= sent" plus a short quiet period is the test.
+        In flight = published by the demo + re-published by a deferral or by the sweeper -
+        ended. A delivery ends with its postrun, or when the worker holding it (running or
+        waiting for its countdown) is SIGKILLed. A broker that redelivers by itself adds
+        deliveries nobody published, so "ended >= sent" plus a short quiet period is the test.
+        (A sweep that has not happened yet is not in flight: a scene that expects one waits
+        for it first.)
         """
         last_count = -1
         quiet_since = time.monotonic()
@@ -86,7 +91,8 @@ class Stage:
             nonlocal last_count, quiet_since
             if len(history.events) != last_count:
                 last_count, quiet_since = len(history.events), time.monotonic()
-            sent = len(history.of("published")) + len(history.of("duplicate_deferred"))
+            sent = (len(history.of("published")) + len(history.of("duplicate_deferred"))
+                    + len(history.of("lease_swept")))
             ended = len(history.of("postrun")) + deliveries_killed(history)
             running = [x for x in history.executions if x.end is None]
             return ended >= sent and not running and time.monotonic() - quiet_since >= quiet
@@ -118,6 +124,10 @@ class Stage:
             if worker.hostname == hostname:
                 return worker
         raise DemoError(f"no worker named {hostname}")
+
+    def worker_by_pid(self, pid: int) -> Worker | None:
+        """The worker whose main process is ``pid`` (where the sweeper thread runs)."""
+        return next((w for w in self.workers if w.pid == pid), None)
 
     def kill(self, worker: Worker) -> list[int]:
         """SIGKILL ``worker``; return its pid and the pids of the pool processes it had."""

@@ -11,6 +11,7 @@ DETAILS = [
     ("deferred", "  deliveries deferred by a live lease"),
     ("ignored", "  deliveries dropped: report already done"),
     ("deliveries_killed", "  deliveries cut short by the SIGKILL"),
+    ("swept", "  re-published by a sweeper (lease expired)"),
     ("broker_redeliveries", "  redeliveries made by the broker itself"),
 ]
 

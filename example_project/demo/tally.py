@@ -23,7 +23,8 @@ __all__ = ["ROWS", "Results", "Tally", "deliveries_killed", "leased_results", "p
 #: (attribute, label, where the number comes from), in table order.
 ROWS = [
     ("tasks", "tasks (reports)", "the scenario"),
-    ("deliveries", "deliveries published", "the scenario: every report twice"),
+    ("deliveries", "deliveries published", "the scenario: scenes 1 and 3 publish each report "
+                                            "twice, scene 2 once"),
     ("body_executions", "body executions", "timeline: body_start events"),
     ("accepted_results", "accepted results", "plain: writes to the reports table; "
                                              "leased: fenced finishes the lease store accepted"),
@@ -31,7 +32,7 @@ ROWS = [
     ("stale_accepted", "stale writes accepted", "plain: writes over a newer build; "
                                                 "leased: accepted results of a superseded token"),
     ("stale_refused", "stale writes refused", "timeline: stale_result_rejected"),
-    ("lost", "tasks lost", "reports with no accepted result at the end"),
+    ("lost", "tasks lost", "reports with no accepted result when the demo ends"),
 ]
 
 
@@ -59,6 +60,7 @@ class Tally:
     effects: int
     deferred: int
     ignored: int
+    swept: int
     broker_redeliveries: int
     deliveries_killed: int
     lost_reports: list[int] = field(default_factory=list)
@@ -106,6 +108,7 @@ def tally(*, mode: str, title: str, history: History, report_ids: list[int],
         effects=len(received),
         deferred=len(history.of("duplicate_deferred")),
         ignored=len(history.of("duplicate_ignored")),
+        swept=len(history.of("lease_swept")),
         broker_redeliveries=len([e for e in history.of("received") if e.get("redelivered")]),
         deliveries_killed=deliveries_killed(history),
     )
