@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .errors import LeaseError
 from .settings import LeaseSettings, resolve_settings
@@ -174,8 +174,8 @@ def _store(url: str) -> list[Finding]:
                         f"lease store {url} cannot be used: {exc}")]
     if urlsplit(url).scheme != "sqlite":
         return found
-    path = urlsplit(url).path[1:]
-    if not path:
+    path = unquote(urlsplit(url).path)[1:]
+    if not path or path == ":memory:":
         found.append(Finding("store.sqlite_memory", "error", "ownership",
                              "sqlite:// is in memory: each worker process has its own leases"))
         return found

@@ -69,6 +69,7 @@ _lock = threading.Lock()
 _counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _histograms: dict[str, _Histogram] = defaultdict(_Histogram)
 _prometheus: dict[str, Any] | None = None
+_creation_lock = threading.Lock()
 
 
 def _label(sender: Any) -> str:
@@ -78,7 +79,11 @@ def _label(sender: Any) -> str:
 def _prometheus_metrics() -> dict[str, Any]:
     """The Prometheus metric objects, made on first use (empty without prometheus_client)."""
     global _prometheus
-    if _prometheus is None:
+    if _prometheus is not None:
+        return _prometheus
+    with _creation_lock:  # two first events at once must not both register the metrics
+        if _prometheus is not None:
+            return _prometheus
         try:
             from prometheus_client import Counter, Histogram
         except ImportError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 import time
 import uuid
@@ -259,17 +260,32 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         the new owner's outcome), ``Retry`` when the policy retries; returns when ``exc`` should
         propagate as it is.
         """
-        if isinstance(exc, (Retry, Ignore, Reject)) or not isinstance(exc, Exception):
-            # Celery's own control flow (self.retry(), Ignore, Reject) or a shutdown: give the
-            # key back at once; Celery re-delivers (or not) as it decided. The next claim counts
-            # as an attempt, so lease_max_attempts bounds Celery's retries too.
+        attempts = handle.lease.attempts
+        if isinstance(exc, Retry) and attempts >= settings.policy.max_attempts:
+            # Celery will retry, but the lease budget is spent: end it here, so the row counts
+            # exactly the attempts that ran and the failure reaches the result backend (the
+            # retried message then finds the key dead and is dropped).
+            original = exc.exc if isinstance(exc.exc, Exception) else None
+            self._kill(handle, f"{attempts} attempts exhausted; last retry: {original or exc!r}")
+            raise original or LeaseDead(f"lease {handle.key!r}: {attempts} attempts exhausted")
+        if isinstance(exc, (Retry, Ignore, Reject)):
+            # Celery's own control flow: give the key back at once; Celery re-delivers (or
+            # not) as it decided. The next claim counts as an attempt.
             self._release(handle, reason=f"{type(exc).__name__}: {exc}")
+            return
+        if not isinstance(exc, Exception):
+            # SystemExit from billiard's SIGTERM handler (cold shutdown, soft-shutdown timeout)
+            # or KeyboardInterrupt: the task was terminated; give the key back so the requeued
+            # message is claimed at once instead of after the lease expires.
+            self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})")
             return
         if isinstance(exc, LeaseLost) or handle.lost:
             self._release(handle, reason=repr(exc))
             return
         autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
-        outcome, reason = settings.policy.after_error(exc, attempts=handle.lease.attempts)
+        outcome, reason = settings.policy.after_error(exc, attempts=attempts)
+        if getattr(self.request, "celery_retries_exhausted", False):
+            outcome, reason = Outcome.DEAD, f"Celery's max_retries exhausted: {exc!r}"
         if outcome is Outcome.DEAD or (autoretry and isinstance(exc, autoretry)):
             # Celery's autoretry_for already spent its own retries on this error.
             self._kill(handle, reason)
@@ -284,7 +300,19 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
         signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
                                  reason=reason, countdown=delay)
-        raise self.retry(exc=exc, countdown=delay, max_retries=None)
+        # The lease policy, not the task's max_retries, bounds these retries.
+        raise self.retry(exc=exc, countdown=delay, max_retries=math.inf)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
+        dead instead of being retried again by the lease policy."""
+        try:
+            return super().retry(*args, **kwargs)
+        except Retry:
+            raise
+        except BaseException:
+            self.request.celery_retries_exhausted = True
+            raise
 
     def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0) -> bool:
         """Give the key back (after ``delay`` of backoff); a stale lease's failure is ignored."""

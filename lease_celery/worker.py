@@ -1,15 +1,15 @@
 """Wiring to Celery's worker signals: the sweeper thread, and giving leases back at shutdown.
 
-Imported by ``lease_celery.task``, so any app that uses LeasedTask gets it.
+Imported by ``lease_celery.task``, so any app that uses LeasedTask gets it. A prefork child
+terminated on a cold shutdown (or the soft-shutdown timeout) gets billiard's SIGTERM handler,
+which raises ``SystemExit`` in the task: ``LeasedTask`` releases the lease on the way out. A
+child that exits normally, and the solo and thread pools, give back what is left here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
-from types import FrameType
 from typing import Any
 
 from celery import signals as celery_signals
@@ -42,23 +42,6 @@ def release_held_leases(reason: str) -> int:
     worker.start()
     worker.join(SHUTDOWN_RELEASE_TIMEOUT)
     return released[0] if released else 0
-
-
-def _on_process_init(**_: Any) -> None:
-    # A prefork child dies by SIGTERM on a cold shutdown (or the soft-shutdown timeout), with
-    # no Python cleanup: give its leases back first, so the requeued tasks can be claimed at
-    # once instead of after the lease expires. Then die as before.
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        count = release_held_leases("worker shutdown: the task was terminated")
-        if count:
-            logger.warning("released %d lease(s) held by process %d at shutdown", count,
-                           os.getpid())
-        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _on_process_shutdown(**_: Any) -> None:
@@ -104,7 +87,6 @@ def _sweep_interval(app: Any) -> float:
     return min(ttls) / 2 if ttls else 0.0
 
 
-celery_signals.worker_process_init.connect(_on_process_init, weak=False)
 celery_signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
 celery_signals.worker_ready.connect(_start_sweeper, weak=False)
 celery_signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)

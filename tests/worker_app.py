@@ -229,3 +229,84 @@ def publish_then_die(self: LeasedTask, job_id: str, target: str) -> dict[str, An
         raise
     record("effect_returned", job_id=job_id, token=token, result=sent)
     return {"job_id": job_id, "token": token, "sent": sent}
+
+
+# -- failure policy, sweeper, shutdown and metrics (tests/test_worker_policy.py, test_cli.py,
+# test_metrics.py) ------------------------------------------------------------------------------
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", permanent_errors=(ValueError,))
+def always_fails(self: LeasedTask, job_id: str, kind: str = "transient") -> None:
+    """Fail every time: ``transient`` raises RuntimeError, ``permanent`` ValueError (declared
+    permanent on the task). Journals each body start with its token and lease attempt."""
+    record("body_start", job_id=job_id, token=self.lease.token,
+           attempts=self.lease.lease.attempts, retries=self.request.retries,
+           task_id=self.request.id)
+    raise (ValueError if kind == "permanent" else RuntimeError)(f"{kind} failure of {job_id}")
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", autoretry_for=(RuntimeError,),
+          retry_kwargs={"max_retries": 2, "countdown": 0.2}, retry_backoff=False)
+def autoretried(self: LeasedTask, job_id: str) -> None:
+    """Always raise RuntimeError, retried by Celery's own ``autoretry_for`` (max_retries=2)."""
+    record("body_start", job_id=job_id, token=self.lease.token,
+           attempts=self.lease.lease.attempts, retries=self.request.retries)
+    raise RuntimeError(f"autoretried failure of {job_id}")
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def kills_its_worker(self: LeasedTask, job_id: str) -> None:
+    """SIGKILL this whole worker (its process group: the main process and every pool child)
+    as soon as the body starts, in every generation."""
+    import signal as _signal
+
+    record("body_start", job_id=job_id, token=self.lease.token,
+           takeovers=self.lease.lease.takeovers, task_id=self.request.id)
+    os.killpg(os.getpgrp(), _signal.SIGKILL)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", permanent_errors=(ValueError,))
+def toggled(self: LeasedTask, job_id: str) -> dict[str, Any]:
+    """Fail permanently while the Redis key ``<journal>:fail:<job_id>`` exists, else succeed."""
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(BROKER)
+    record("body_start", job_id=job_id, token=self.lease.token, task_id=self.request.id)
+    if _redis.exists(f"{JOURNAL}:fail:{job_id}"):
+        raise ValueError(f"{job_id} is switched to fail")
+    record("body_end", job_id=job_id, token=self.lease.token)
+    return {"job_id": job_id, "token": self.lease.token}
+
+
+def _journal_retry(sender: Any = None, key: str | None = None, **fields: Any) -> None:
+    """lease_retry: journal the countdown and the backoff the row now carries (not_before)."""
+    row = sender.lease_store.get(key) if sender is not None and key else None
+    record("lease_retry", key=key, token=getattr(fields.get("lease"), "token", None),
+           countdown=fields.get("countdown"), reason=fields.get("reason"),
+           not_before=getattr(row, "not_before", None))
+
+
+lease_celery.signals.lease_retry.connect(_journal_retry, weak=False)
+for _name in ("lease_dead", "lease_swept", "lease_taken_over"):
+    _journal_signal(_name)
+
+
+def _float_env(name: str) -> float | None:
+    value = os.environ.get(name)
+    return None if value is None else float(value)
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return None if value is None else int(value)
+
+
+app.conf.update({name: value for name, value in {
+    "lease_max_attempts": _int_env("LEASE_TEST_MAX_ATTEMPTS"),
+    "lease_max_takeovers": _int_env("LEASE_TEST_MAX_TAKEOVERS"),
+    "lease_backoff_base": _float_env("LEASE_TEST_BACKOFF_BASE"),
+    "lease_backoff_max": _float_env("LEASE_TEST_BACKOFF_MAX"),
+    "lease_sweep_interval": _float_env("LEASE_TEST_SWEEP_INTERVAL"),
+    "lease_metrics_port": _int_env("LEASE_TEST_METRICS_PORT"),
+    "worker_soft_shutdown_timeout": _float_env("LEASE_TEST_SOFT_SHUTDOWN"),
+}.items() if value is not None})

@@ -1,0 +1,204 @@
+"""``celery leases doctor``: each misconfiguration is named, a sound app passes.
+
+Apps are built in-process and judged with ``lease_celery.doctor.diagnose(app)`` (nothing
+connects to the broker; the lease store is really opened); two real ``leases doctor``
+subprocess runs check the exit codes (tests/doctor_apps/). A network file system cannot be
+mounted here: that case is simulated by replacing the /proc/mounts reader, and said so below.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from lease_celery import LeasedTask, doctor
+from lease_celery.doctor import Finding, diagnose
+from tests.policy_helpers import PYTHON_M, cli_env, parse_json, run_cli
+
+#: ``celery`` itself; the app is named per run with ``-A``.
+CELERY_PROGRAM = [sys.executable, "-m", "celery"]
+
+
+def make_app(store_url: str, *, time_limit: float | None = 600, **conf: Any) -> Celery:
+    """A sound app (every setting agreeing with the leases) with ``conf`` changed."""
+    app = Celery("doctor", broker="redis://127.0.0.1:6379/11", set_as_current=False)
+    settings: dict[str, Any] = {
+        "broker_transport_options": {"visibility_timeout": 3600},
+        "task_acks_late": True, "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1, "task_time_limit": time_limit,
+        "lease_store_url": store_url, "lease_ttl": 30}
+    settings.update(conf)
+    app.conf.update(settings)
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="report:{report_id}")
+    def report(self: LeasedTask, report_id: int) -> int:
+        return report_id
+
+    return app
+
+
+def by_code(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.code: f for f in findings}
+
+
+def test_sound_app_has_only_ok_findings(sqlite_url: str) -> None:
+    """Broker visibility above the time limit and the ttl, acks_late with reject on worker
+    lost, prefetch 1, heartbeat ttl/3, an absolute SQLite path on a local disk: only the two
+    ``ok`` findings."""
+    findings = diagnose(make_app(sqlite_url))
+    assert {(f.code, f.severity) for f in findings} == {("delivery.ok", "ok"),
+                                                        ("ownership.ok", "ok")}
+
+
+#: (settings changed from the sound app, finding code, severity, words in its message)
+MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
+    ({"broker_transport_options": {"visibility_timeout": 300}},
+     "broker.visibility_timeout", "warning", "shorter than the longest task (600s)"),
+    ({"broker_transport_options": {"visibility_timeout": 20}, "time_limit": 10},
+     "broker.visibility_timeout.ttl", "warning", "shorter than lease_ttl=30s"),
+    ({"time_limit": None}, "broker.visibility_timeout.unknown", "warning", "no time limit"),
+    ({"task_acks_late": False}, "task.acks_late", "warning", "task_acks_late is off"),
+    ({"task_reject_on_worker_lost": False}, "task.reject_on_worker_lost", "warning",
+     "task_reject_on_worker_lost is off"),
+    ({"worker_prefetch_multiplier": 4}, "worker.prefetch_multiplier", "warning",
+     "worker_prefetch_multiplier=4"),
+    ({"lease_heartbeat_interval": 20}, "lease.heartbeat_interval", "warning",
+     "lease_heartbeat_interval=20s is not well below lease_ttl=30s"),
+    ({"worker_deduplicate_successful_tasks": True}, "worker.deduplicate_successful_tasks",
+     "warning", "only catches redeliveries of tasks that already succeeded"),
+    ({"lease_store_url": "sqlite://"}, "store.sqlite_memory", "error", "in memory"),
+    ({"lease_store_url": "postgresql://127.0.0.1:1/test?connect_timeout=2"},
+     "store.unreachable", "error", "cannot be used"),
+    ({"lease_sweep_interval": 0}, "lease.sweeper_off", "warning", "sweeper off"),
+    ({"broker_url": "amqp://guest@127.0.0.1//", "time_limit": 3600},
+     "broker.consumer_timeout", "warning", "consumer_timeout"),
+]
+
+
+@pytest.mark.parametrize(("conf", "code", "severity", "words"),
+                         [pytest.param(*case, id=case[1]) for case in MISCONFIGURATIONS])
+def test_each_misconfiguration_is_flagged(
+        sqlite_url: str, conf: dict[str, Any], code: str, severity: str, words: str) -> None:
+    """Each misconfiguration yields its finding (code, severity, an explanation naming the
+    values), and its promise no longer reports ``ok``; errors sort first."""
+    conf = dict(conf)
+    time_limit = conf.pop("time_limit", 600)
+    findings = diagnose(make_app(sqlite_url, time_limit=time_limit, **conf))
+    found = by_code(findings)
+    assert code in found, [f.code for f in findings]
+    assert found[code].severity == severity
+    assert words in found[code].message
+    assert f"{found[code].promise}.ok" not in found
+    ranks = [{"error": 0, "warning": 1, "ok": 2}[f.severity] for f in findings]
+    assert ranks == sorted(ranks)
+
+
+def test_short_tasks_may_prefetch(sqlite_url: str) -> None:
+    """A prefetch multiplier above 1 is only a concern for long tasks: with a 30 s time limit
+    it is not flagged."""
+    found = by_code(diagnose(make_app(sqlite_url, time_limit=30, worker_prefetch_multiplier=4)))
+    assert "worker.prefetch_multiplier" not in found and "delivery.ok" in found
+
+
+def test_relative_sqlite_path_is_flagged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sqlite:///leases.sqlite3`` (relative) depends on the worker's working directory."""
+    monkeypatch.chdir(tmp_path)
+    found = by_code(diagnose(make_app("sqlite:///leases.sqlite3")))
+    assert found["store.sqlite_relative"].severity == "warning"
+    assert "'leases.sqlite3' is relative" in found["store.sqlite_relative"].message
+
+
+def test_sqlite_memory_spelled_as_a_path_is_flagged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sqlite:///:memory:`` is in memory too (each process has its own leases): an error."""
+    monkeypatch.chdir(tmp_path)
+    found = by_code(diagnose(make_app("sqlite:///:memory:")))
+    assert found.get("store.sqlite_memory", Finding("", "", "", "")).severity == "error"
+
+
+def fake_mounts(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """SIMULATED: make doctor read ``text`` as /proc/mounts (no NFS can be mounted here)."""
+    real_open = builtins.open
+
+    def fake_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if path == "/proc/mounts":
+            return io.StringIO(text)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(doctor, "open", fake_open, raising=False)
+
+
+def test_sqlite_store_on_a_network_file_system_is_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SQLite store whose directory is (according to /proc/mounts) an NFS mount is an error.
+    Simulated: the real file lives on the local disk; only the mounts table doctor reads says
+    nfs4 for its directory."""
+    fake_mounts(monkeypatch, "/dev/vda / ext4 rw 0 0\n"
+                             f"filer:/export {tmp_path} nfs4 rw,relatime 0 0\n")
+    found = by_code(diagnose(make_app(f"sqlite:///{tmp_path}/leases.sqlite3")))
+    assert found["store.sqlite_network_fs"].severity == "error"
+    assert "network file system (nfs4)" in found["store.sqlite_network_fs"].message
+
+
+def test_filesystem_type_picks_the_longest_mount_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_filesystem_type`` (simulated /proc/mounts): the longest mount point containing the
+    path wins; a mount point that is only a string prefix (/mnt/share vs /mnt/shared) does not
+    contain it; ``\\040`` in a mount point is a space; no readable mounts table → None."""
+    fake_mounts(monkeypatch, "rootfs / ext4 rw 0 0\n"
+                             "filer:/a /mnt/share nfs rw 0 0\n"
+                             "filer:/b /mnt/shared cifs rw 0 0\n"
+                             "filer:/c /mnt/shared/deep 9p rw 0 0\n"
+                             "filer:/d /mnt/with\\040space fuse.sshfs rw 0 0\n"
+                             "broken-line\n")
+    fs = doctor._filesystem_type
+    assert fs("/mnt/shared/x.db") == "cifs"
+    assert fs("/mnt/shared") == "cifs"
+    assert fs("/mnt/shared/deep/x.db") == "9p"
+    assert fs("/mnt/share/x.db") == "nfs"
+    assert fs("/mnt/sharedx/x.db") == "ext4"
+    assert fs("/mnt/with space/x.db") == "fuse.sshfs"
+    assert fs("/var/x.db") == "ext4"
+
+    def unreadable(path: Any, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(path)
+
+    monkeypatch.setattr(doctor, "open", unreadable, raising=False)
+    assert fs("/var/x.db") is None
+
+
+def test_doctor_command_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
+    """The real ``celery -A … leases doctor``: a sound app exits 0 with only ``ok`` lines; an
+    app with an unreachable store (and more) exits 1 and names each problem, in text and in
+    ``--json``; ``python -m lease_celery -A … doctor`` agrees."""
+    env = cli_env(sqlite_url, {"DOCTOR_STORE": sqlite_url})
+    celery = CELERY_PROGRAM
+
+    good = run_cli(["-A", "tests.doctor_apps.good", "leases", "doctor"], env=env, cwd=tmp_path,
+                   program=celery)
+    assert good.returncode == 0, good.stdout + good.stderr
+    marks = [line.split()[0] for line in good.stdout.splitlines() if line.startswith("  ")]
+    assert marks == ["ok", "ok"]
+
+    bad = run_cli(["-A", "tests.doctor_apps.bad", "leases", "doctor"], env=env, cwd=tmp_path,
+                  program=celery)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "ERROR [store.unreachable]" in bad.stdout
+    data = run_cli(["-A", "tests.doctor_apps.bad", "leases", "--json", "doctor"], env=env,
+                   cwd=tmp_path, program=celery)
+    assert data.returncode == 1
+    codes = {f["code"]: f["severity"] for f in parse_json(data)}
+    assert codes == {"store.unreachable": "error", "broker.visibility_timeout": "warning",
+                     "broker.visibility_timeout.ttl": "warning", "task.acks_late": "warning",
+                     "worker.prefetch_multiplier": "warning",
+                     "worker.deduplicate_successful_tasks": "warning",
+                     "lease.heartbeat_interval": "warning"}
+
+    python_m = [*PYTHON_M[:3], "-A", "tests.doctor_apps.good"]
+    assert run_cli(["doctor"], env=env, cwd=tmp_path, program=python_m).returncode == 0
