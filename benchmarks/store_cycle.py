@@ -66,8 +66,9 @@ def raw_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
         key = f"raw:{run}:{i}"
         conn.execute("BEGIN IMMEDIATE")
         now = time.time()
-        token, _ = conn.execute(q["claim"], {"key": key, "owner": "bench", "now": now,
-                                             "expires_at": now + TTL}).fetchone()
+        token, *_ = conn.execute(q["claim"], {"key": key, "owner": "bench", "now": now,
+                                              "expires_at": now + TTL, "task": None}).fetchone()
+        conn.execute(q["bump_fence"])
         conn.execute("COMMIT")
         conn.execute("BEGIN IMMEDIATE")
         cur = conn.execute(q["finish"], {"key": key, "owner": "bench", "token": token,
@@ -89,8 +90,8 @@ def raw_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
 
     def cycle(i: int) -> None:
         key = f"raw:{run}:{i}"
-        row = conn.execute(q["claim"], {"key": key, "owner": "bench", "ttl": TTL,
-                                        "now": None}).fetchone()
+        row = conn.execute(q["claim"], {"key": key, "owner": "bench", "ttl": TTL, "now": None,
+                                        "task": None, "nonce": uuid.uuid4().hex}).fetchone()
         assert row is not None
         done = conn.execute(q["finish"], {"key": key, "owner": "bench", "token": row[0],
                                           "now": None, "result": json.dumps(RESULT)}).fetchone()
@@ -105,14 +106,15 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     scripts = load_queries("redis", ".lua")
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     claim = client.register_script(scripts["clock"] + "\n" + scripts["claim"])
-    finish = client.register_script(scripts["clock"] + "\n" + scripts["finish"])
+    finish = client.register_script(scripts["clock"] + "\n" + scripts["settle"])
     prefix = url.split("prefix=")[1]
     run = uuid.uuid4().hex[:8]
 
     def cycle(i: int) -> None:
-        keys = [f"{prefix}lease:raw:{run}:{i}", f"{prefix}token:raw:{run}:{i}"]
-        token, _ = claim(keys=keys, args=["", "bench", repr(TTL)])
-        assert finish(keys=keys[:1], args=["", "bench", token, "done", json.dumps(RESULT)])
+        keys = [f"{prefix}lease:raw:{run}:{i}", f"{prefix}token:raw:{run}:{i}", f"{prefix}fence"]
+        token, *_ = claim(keys=keys, args=["", "bench", repr(TTL), "", uuid.uuid4().hex])
+        assert finish(keys=keys[:1], args=["", "bench", token, "done", json.dumps(RESULT), "",
+                                           "0.0"])
 
     return cycle, client.close
 
