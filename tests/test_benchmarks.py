@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.servers import postgres_reachable, redis_reachable, require
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,5 +30,3 @@ def test_store_cycle_benchmark_runs_on_every_store() -> None:
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
     assert all(ratio > 0 for ratio in rows.values())
 
-
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
