@@ -33,6 +33,14 @@ class ManualClock:
         with self._lock:
             return self._now
 
+    @property
+    def now(self) -> float:
+        return self()
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.set(value)
+
     def advance(self, seconds: float) -> float:
         """Move forward by ``seconds`` (never backwards); return the new time."""
         if seconds < 0:
@@ -42,6 +50,7 @@ class ManualClock:
             return self._now
 
     def set(self, now: float) -> None:
+        """Jump to ``now`` (not earlier than the current time)."""
         with self._lock:
             if now < self._now:
                 raise ValueError(f"a clock does not go backwards ({now} < {self._now})")

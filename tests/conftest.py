@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from lease_celery import Store, open_store
+from lease_celery.testing import ManualClock
 from tests.servers import (
     PG_DSN,
     REDIS_STORE_URL,
@@ -63,6 +65,22 @@ def redis_store_url() -> Iterator[str]:
 
 
 STORES = ["sqlite", "postgres", "redis"]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """The injected authority clock shared by a test's stores; moves only when told to."""
+    return ManualClock(100.0)
+
+
+@pytest.fixture
+def stores(store_url: str, clock: ManualClock) -> Iterator[list[Store]]:
+    """Two workers' stores: ``open_store`` twice on one URL and clock, so each has its own
+    connection (and, on PostgreSQL, its own pool)."""
+    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
+    yield opened
+    for store in opened:
+        store.close()
 
 
 @pytest.fixture(params=STORES)

@@ -16,7 +16,7 @@ import multiprocessing
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +38,13 @@ from lease_celery import (
     fingerprint,
     open_store,
 )
+from lease_celery.testing import ManualClock
 
 TTL = 10.0
 KEY = "publish:report:42:v1"
 PAYLOAD = {"report_id": 42, "version": 1, "to": ["ops@example.com"], "title": "Q3 — été"}
 
 
-class LogicalClock:
-    """A clock that only moves when the test says so; shared by every store of a test."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Target:
@@ -73,17 +66,8 @@ class Target:
 
 
 @pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(1_000.0)
-
-
-@pytest.fixture
-def stores(store_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
-    """Two workers' stores (D and E) on the same store URL and logical clock."""
-    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
-    yield opened
-    for store in opened:
-        store.close()
+def clock() -> ManualClock:
+    return ManualClock(1_000.0)
 
 
 @pytest.fixture
@@ -103,7 +87,7 @@ def _claim(store: Store, key: str, owner: str) -> Lease:
     return lease
 
 
-def _crashed_attempt(stores: list[Store], clock: LogicalClock) -> tuple[Lease, Lease]:
+def _crashed_attempt(stores: list[Store], clock: ManualClock) -> tuple[Lease, Lease]:
     """Worker D claims ``job:42`` and starts the effect (an in-flight receipt under its lease):
     its ``fn`` succeeded at the target but D died before marking the receipt done. D's lease
     expires and worker E takes the job over. Returns (D's lease, E's lease)."""
@@ -156,7 +140,7 @@ def test_a_none_result_is_recorded_and_replayed(stores: list[Store]) -> None:
 
 
 def test_same_key_with_another_payload_is_a_conflict(
-        stores: list[Store], target: Target, clock: LogicalClock) -> None:
+        stores: list[Store], target: Target, clock: ManualClock) -> None:
     """The same key with a different payload raises EffectConflict without calling ``fn`` and
     without touching the receipt: whether the first attempt is done, live in flight, or
     awaiting reconciliation (the conflict is checked before anything else)."""
@@ -268,7 +252,7 @@ def test_concurrent_callers_on_one_key_run_fn_exactly_once(
 
 
 def test_crash_after_fn_makes_the_next_owner_ask_for_reconciliation(
-        stores: list[Store], target: Target, clock: LogicalClock) -> None:
+        stores: list[Store], target: Target, clock: ManualClock) -> None:
     """D's attempt started (in-flight receipt under D's lease), ``fn`` succeeded, and D died
     before the receipt was marked done. E, the next owner, does not resend blindly: ``once``
     raises EffectOutcomeUnknown naming D's attempt, ``fn`` is not called, and the receipt is
@@ -300,7 +284,7 @@ def test_crash_after_fn_makes_the_next_owner_ask_for_reconciliation(
 
 
 def test_retry_same_key_resends_with_the_same_key(
-        stores: list[Store], target: Target, clock: LogicalClock) -> None:
+        stores: list[Store], target: Target, clock: ManualClock) -> None:
     """With ``retry_same_key=True`` (a target that deduplicates on the key), the next owner
     resends: ``fn`` is called again with the same key, the receipt counts 2 attempts, records
     E's lease and E's result, and is done; a further replay calls nothing."""
@@ -318,7 +302,7 @@ def test_retry_same_key_resends_with_the_same_key(
 
 
 def test_discard_lets_the_next_once_perform_again(
-        stores: list[Store], target: Target, clock: LogicalClock) -> None:
+        stores: list[Store], target: Target, clock: ManualClock) -> None:
     """When reconciliation finds the action did not happen, ``discard(key)`` forgets the
     receipt (True; False when there is none) and the next ``once`` performs it, as attempt 1
     of a fresh receipt."""
@@ -409,7 +393,7 @@ def test_waiting_caller_gets_the_live_attempts_result(
 
 
 def test_in_flight_without_a_lease_is_live_until_the_in_flight_timeout(
-        stores: list[Store], target: Target, clock: LogicalClock) -> None:
+        stores: list[Store], target: Target, clock: ManualClock) -> None:
     """An attempt started without a lease counts as live for ``in_flight_timeout`` seconds of
     store time (LeaseHeld), and as abandoned from then on (EffectOutcomeUnknown)."""
     d, e = stores
@@ -511,7 +495,7 @@ def test_a_task_that_lost_its_lease_starts_no_new_effect(
 # -- the store fences the start of an action on the caller's lease --------------------------
 
 
-def test_a_stale_lease_starts_no_action_even_unaware(stores: list[Store], clock: LogicalClock,
+def test_a_stale_lease_starts_no_action_even_unaware(stores: list[Store], clock: ManualClock,
                                                      target: Target) -> None:
     """A worker whose lease expired on the store's clock (though it has not noticed: no local
     check) calls ``once`` with that lease: the store refuses to create the receipt
@@ -533,7 +517,7 @@ def test_a_stale_lease_starts_no_action_even_unaware(stores: list[Store], clock:
 
 
 def test_a_lapsed_attempt_that_succeeds_records_its_known_outcome(
-        stores: list[Store], clock: LogicalClock, target: Target) -> None:
+        stores: list[Store], clock: ManualClock, target: Target) -> None:
     """D starts the action, its lease lapses while ``fn`` runs and E, replaying, marks the
     receipt needs_reconciliation; then D's ``fn`` returns. D knows the outcome, so the receipt
     becomes done with D's result: no reconciliation left, and E's next replay returns it."""

@@ -28,18 +28,13 @@ from lease_celery import (
     Store,
     open_store,
 )
+from lease_celery.testing import ManualClock
 from tests.servers import PG_DSN, postgres_reachable, require
 
 TTL = 10.0
 RESOURCE = "reports-table"
 
 
-class LogicalClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -128,17 +123,8 @@ def resource(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Resourc
 
 
 @pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(1_000.0)
-
-
-@pytest.fixture
-def stores(store_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
-    """Two workers' stores on the same lease store URL and logical clock."""
-    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
-    yield opened
-    for store in opened:
-        store.close()
+def clock() -> ManualClock:
+    return ManualClock(1_000.0)
 
 
 def _claim(store: Store, key: str, owner: str) -> Lease:
@@ -155,7 +141,7 @@ def _never(conn: Any) -> None:
 
 
 def test_stale_generation_is_refused_once_the_newer_one_has_written(
-        stores: list[Store], resource: Resource, clock: LogicalClock) -> None:
+        stores: list[Store], resource: Resource, clock: ManualClock) -> None:
     """Generation 1 of ``job:42`` stalls, its lease expires and generation 2 takes over with a
     higher fence and writes. Generation 1's late write raises StaleFence (a LeaseLost), its
     ``fn`` never runs and nothing of it is committed; the resource's high-water mark is
@@ -261,7 +247,7 @@ def test_equal_fence_is_accepted_again(stores: list[Store], resource: Resource) 
 
 
 def test_documented_limit_old_fence_before_any_newer_write_is_accepted(
-        stores: list[Store], resource: Resource, clock: LogicalClock) -> None:
+        stores: list[Store], resource: Resource, clock: ManualClock) -> None:
     """The documented limit (lease_celery/fencing.py): the gate only remembers the highest
     fence it has *seen*. A superseded holder whose write arrives before any newer holder has
     written is accepted; it is refused only after a newer write. (If this test fails, the gate
@@ -351,7 +337,7 @@ def test_highest_then_write_commits_on_a_default_mode_psycopg_connection() -> No
 
 
 def test_fences_grow_across_keys_takeovers_purges_and_store_objects(
-        stores: list[Store], clock: LogicalClock) -> None:
+        stores: list[Store], clock: ManualClock) -> None:
     """Every successful claim, on any key and through any store object, takes a fence higher
     than every earlier one: new keys, a re-claim after release, a takeover after expiry, and a
     key purged and claimed again (whose token continues, while its fence jumps past all others).

@@ -37,25 +37,13 @@ from lease_celery import (
 from lease_celery.stores.postgres import PostgresStore
 from lease_celery.stores.redis import RedisStore
 from lease_celery.stores.sqlite import SQLiteStore
+from lease_celery.testing import ManualClock
 from tests.conftest import STORES
 from tests.servers import PG_DSN, REDIS_STORE_URL
 
 
-class LogicalClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(100)
-
-
-@pytest.fixture
-def store(store_url: str, clock: LogicalClock) -> Iterator[Store]:
+def store(store_url: str, clock: ManualClock) -> Iterator[Store]:
     """A store of each kind (SQLite, PostgreSQL, Redis) on the logical clock."""
     opened = open_store(store_url, clock=clock)
     yield opened
@@ -154,7 +142,7 @@ def test_good_busy_timeout_is_accepted(tmp_path: Path) -> None:
 def test_in_memory_store_works() -> None:
     """SQLite only: sqlite:// (no path) is an in-memory store that supports claim, finish and
     get."""
-    with open_store("sqlite://", clock=LogicalClock(5)) as store:
+    with open_store("sqlite://", clock=ManualClock(5)) as store:
         lease = store.claim("report:1", owner="w", ttl=10)
         assert lease == Lease(key="report:1", owner="w", token=1, expires_at=15, fence=lease.fence)
         assert store.claim("report:1", owner="other", ttl=10) is None
@@ -184,7 +172,7 @@ BAD_TTLS = [0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, "10", True, False, 
 
 @pytest.mark.parametrize("ttl", BAD_TTLS, ids=repr)
 def test_bad_ttl_on_claim_is_refused_and_writes_nothing(
-    store: Store, clock: LogicalClock, ttl: object
+    store: Store, clock: ManualClock, ttl: object
 ) -> None:
     """claim() with a ttl that is not a finite positive number of seconds raises ConfigError
     naming ttl, on a new key (no row created) and on a claimable expired key (row unchanged)."""

@@ -18,22 +18,12 @@ import pytest
 
 from lease_celery import Lease, LeaseLost, LeaseState, Store, StoreError, open_store
 from lease_celery.stores.sqlite import SQLiteStore
+from lease_celery.testing import ManualClock
 from tests.servers import PG_DSN
 
 TTL = 10.0
 
 
-class LogicalClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(100.0)
 
 
 class Business:
@@ -75,7 +65,7 @@ def fenced_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def stores(fenced_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
+def stores(fenced_url: str, clock: ManualClock) -> Iterator[list[Store]]:
     opened = [open_store(fenced_url, clock=clock), open_store(fenced_url, clock=clock)]
     opened[0].get("warm-up")  # creates the store's tables (and PostgreSQL schema)
     yield opened
@@ -113,7 +103,7 @@ def _stale_block(store: Store, lease: Lease, business: Business) -> None:
 
 
 def test_expired_owner_fenced_write_is_refused(
-    stores: list[Store], business: Business, clock: LogicalClock
+    stores: list[Store], business: Business, clock: ManualClock
 ) -> None:
     """A lease at or past its deadline (nobody took over yet): fenced() raises LeaseLost naming
     the lease, the caller's write is not committed, and the lease row is unchanged."""
@@ -129,7 +119,7 @@ def test_expired_owner_fenced_write_is_refused(
 
 
 def test_taken_over_owner_fenced_write_is_refused_and_the_new_owner_commits(
-    stores: list[Store], business: Business, clock: LogicalClock
+    stores: list[Store], business: Business, clock: ManualClock
 ) -> None:
     """After expiry and takeover, the old holder's fenced() raises LeaseLost and commits
     nothing; the new holder's fenced write commits; the old holder is refused again
@@ -151,7 +141,7 @@ def test_taken_over_owner_fenced_write_is_refused_and_the_new_owner_commits(
 
 
 def test_lease_expiring_inside_the_block_commits_nothing(
-    stores: list[Store], business: Business, clock: LogicalClock
+    stores: list[Store], business: Business, clock: ManualClock
 ) -> None:
     """A lease current when the block starts but expired when it ends (the clock reaches the
     deadline inside the block): LeaseLost is raised at exit, the write made inside the block

@@ -12,37 +12,16 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from lease_celery import Lease, LeaseRecord, LeaseState, Store, open_store
+from lease_celery.testing import ManualClock
 
 TTL = 10.0
 
 
-class LogicalClock:
-    """A clock that only moves when the test says so; shared by every store of a test."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(100.0)
-
-
-@pytest.fixture
-def stores(store_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
-    """Two workers' stores on the same store URL and logical clock."""
-    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
-    yield opened
-    for store in opened:
-        store.close()
 
 
 def _get(store: Store, key: str) -> LeaseRecord:
@@ -61,7 +40,7 @@ def test_purge_of_a_missing_key_returns_false(stores: list[Store]) -> None:
     assert store.get("report:never") is None
 
 
-def test_live_lease_is_never_purged(stores: list[Store], clock: LogicalClock) -> None:
+def test_live_lease_is_never_purged(stores: list[Store], clock: ManualClock) -> None:
     """A running lease before its deadline is not purged: purge() returns False (at the claim
     instant and just before the deadline) and the row is identical afterwards; the holder can
     still finish."""
@@ -79,7 +58,7 @@ def test_live_lease_is_never_purged(stores: list[Store], clock: LogicalClock) ->
 
 
 def test_purge_and_recreate_never_restarts_the_token(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """Over several cycles a key is claimed, left (finished / released / expired at exactly its
     deadline / finished again), and purged: each purge of the non-held row returns True, get()
@@ -119,7 +98,7 @@ def test_purge_and_recreate_never_restarts_the_token(
 
 
 def test_purge_of_an_expired_lease_retires_its_token(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """A running lease whose deadline has passed may be purged; the purged holder can no
     longer renew, finish or release (there is no row), and a later claim continues at its
@@ -204,7 +183,7 @@ EPOCHS = [100.0, 1_800_000_000.0]  # a small logical time and an epoch-scale one
 
 @pytest.mark.parametrize("t0", EPOCHS, ids=["t100", "epoch"])
 def test_one_millisecond_before_the_deadline_the_lease_is_held(
-    stores: list[Store], clock: LogicalClock, t0: float
+    stores: list[Store], clock: ManualClock, t0: float
 ) -> None:
     """At deadline - 0.001 the lease is still live: another owner's claim and a purge are
     refused (row unchanged), and the holder's renew (deadline moves to now + ttl), finish and
@@ -235,7 +214,7 @@ def test_one_millisecond_before_the_deadline_the_lease_is_held(
 
 @pytest.mark.parametrize("t0", EPOCHS, ids=["t100", "epoch"])
 def test_at_the_deadline_the_lease_is_expired(
-    stores: list[Store], clock: LogicalClock, t0: float
+    stores: list[Store], clock: ManualClock, t0: float
 ) -> None:
     """expires_at == now counts as expired: at exactly the deadline the holder's renew returns
     None and finish/release return False, each leaving the row unchanged; another owner's claim
@@ -279,7 +258,7 @@ def _refusals(lease: Lease) -> dict[str, Lease]:
 
 
 def test_wrong_owner_or_token_is_refused_and_changes_nothing(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """While a lease is live, renew / finish / release with the right key but another owner,
     the next or previous token, or a key with no row, are each refused (None / False) and
@@ -308,7 +287,7 @@ def test_wrong_owner_or_token_is_refused_and_changes_nothing(
 
 
 def test_expired_released_and_finished_leases_are_refused_and_change_nothing(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """A lease past its deadline, a released lease and a finished lease are each refused by
     renew, finish and release, and every refusal leaves the row as it was (a refused finish
@@ -334,7 +313,7 @@ def test_expired_released_and_finished_leases_are_refused_and_change_nothing(
 
 
 def test_renew_many_renews_the_current_and_refuses_the_stale_in_one_batch(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """One renew_many batch mixing current leases with an expired one, one taken over by
     another owner, a released one, a finished one and one with a wrong token: the result maps

@@ -23,8 +23,8 @@ TASK: dict[str, Any] = {"task": "proj.report", "args": [42], "kwargs": {"fmt": "
                         "subtask_type": None, "immutable": False}
 
 
-class LogicalClock:
-    """A clock that only moves when the test says so."""
+class RewindableClock:
+    """A logical clock these tests may also set back, to look at an instant just before."""
 
     def __init__(self, now: float = 100.0) -> None:
         self.now = now
@@ -34,12 +34,12 @@ class LogicalClock:
 
 
 @pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock()
+def clock() -> RewindableClock:
+    return RewindableClock()
 
 
 @pytest.fixture
-def store(store_url: str, clock: LogicalClock) -> Iterator[Store]:
+def store(store_url: str, clock: RewindableClock) -> Iterator[Store]:
     with open_store(store_url, clock=clock) as opened:
         yield opened
 
@@ -52,7 +52,7 @@ def claim(store: Store, key: str, owner: str = "w1", ttl: float = 10,
 
 
 def test_force_release_makes_running_ready_and_refuses_the_holder(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """force_release turns a running row ready whoever holds it (reason recorded, token kept);
     the holder can no longer renew, finish, release or kill; the next claim is token 2 and not
     a takeover. Rows that are ready, done, dead or missing are not running: False, unchanged.
@@ -86,7 +86,7 @@ def test_force_release_makes_running_ready_and_refuses_the_holder(
     assert store.force_release("expired", reason="cleanup") is True
 
 
-def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: LogicalClock) -> None:
+def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: RewindableClock) -> None:
     """requeue turns a dead row ready with attempts and takeovers reset to 0, keeps its token
     and recorded task, records the reason; the next claim continues at token + 1 with
     attempts 1. Rows that are not dead (missing, ready, running, done) give None, unchanged."""
@@ -113,7 +113,7 @@ def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: Logic
     assert store.get("missing") is None
 
 
-def _populate_for_find(store: Store, clock: LogicalClock) -> None:
+def _populate_for_find(store: Store, clock: RewindableClock) -> None:
     """One row per state, one instant apart; prefixes a: and b:, a key with LIKE wildcards."""
     claim(store, "a:1", owner="w1", ttl=100)         # running, renewed last (t=105)
     clock.now += 1
@@ -132,7 +132,7 @@ def _populate_for_find(store: Store, clock: LogicalClock) -> None:
 
 
 def test_find_filters_by_state_prefix_owner_and_orders_by_update(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """find returns rows most recently updated first; state, prefix and owner filters combine
     (all must match); a prefix is literal text (``%`` and ``_`` are not wildcards); limit cuts
     the list; a bad limit is refused."""
@@ -163,7 +163,7 @@ def test_find_filters_by_state_prefix_owner_and_orders_by_update(
 
 
 def test_stats_counts_states_and_expired_running_rows(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """stats counts rows by state; ``expired`` counts running rows with expires_at <= now
     (the boundary instant counts as expired), never live ones or other states."""
     assert (store.stats().counts, store.stats().expired) == ({}, 0)
@@ -182,7 +182,7 @@ def test_stats_counts_states_and_expired_running_rows(
 
 
 def test_purge_older_than_deletes_only_old_done_and_dead_and_retires_tokens(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """purge_older_than(s) deletes done and dead rows last updated before now - s (strictly),
     returns how many; ready and running rows (live or expired) stay whatever their age; a
     purged key claimed again continues after its last token, also after a second purge."""
@@ -216,7 +216,7 @@ def test_purge_older_than_deletes_only_old_done_and_dead_and_retires_tokens(
 
 
 def test_sweep_expired_returns_each_expired_generation_once(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """sweep_expired returns running rows whose lease expired (expires_at <= now) and that
     recorded task info, each generation (key + token) once; not before expiry; never rows
     without task info, live rows or finished ones; a takeover's later expiry is a new
@@ -276,7 +276,7 @@ def test_concurrent_sweepers_in_separate_processes_share_the_work_once(
 
 
 def test_release_with_delay_blocks_claims_until_not_before(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """release(delay=5) makes the row ready with not_before = now + 5 and the reason; a claim
     before that instant is refused (the row stays ready, token kept), a claim at it succeeds
     with the next token and clears not_before; release without delay is claimable at once;
@@ -305,7 +305,7 @@ def test_release_with_delay_blocks_claims_until_not_before(
 
 
 def test_kill_by_the_current_holder_only_and_dead_is_terminal(
-        store: Store, clock: LogicalClock) -> None:
+        store: Store, clock: RewindableClock) -> None:
     """kill marks the key dead with the reason if the lease is current; afterwards nobody can
     claim, renew, finish or release it, and a second kill is refused. A lease that expired (the
     boundary instant included) or was taken over cannot kill the key."""

@@ -13,39 +13,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from freezegun import freeze_time
 
 from lease_celery import Lease, LeaseState, Store, open_store
+from lease_celery.testing import ManualClock
 
 TTL = 10
 
 
-class LogicalClock:
-    """A clock that only moves when the test says so; shared by every store of a test."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> LogicalClock:
-    return LogicalClock(100)
-
-
-@pytest.fixture
-def stores(store_url: str, clock: LogicalClock) -> Iterator[list[Store]]:
-    """Two workers' stores: ``open_store`` called twice on the same store URL, same logical
-    clock, so each has a connection (and, on PostgreSQL, a pool) of its own."""
-    opened = [open_store(store_url, clock=clock), open_store(store_url, clock=clock)]
-    yield opened
-    for store in opened:
-        store.close()
 
 
 def race(calls: list[Callable[[], Lease | None]]) -> list[Lease | None]:
@@ -73,7 +50,7 @@ def race(calls: list[Callable[[], Lease | None]]) -> list[Lease | None]:
 
 
 def test_simultaneous_claims_have_exactly_one_winner_every_time(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """Two workers with separate connections claiming the same fresh key at the same moment:
     exactly one gets a Lease (token 1, expires_at = now + ttl), the other gets None; the row
@@ -99,7 +76,7 @@ def test_simultaneous_claims_have_exactly_one_winner_every_time(
         assert (record.owner, record.token, record.attempts) == (winner.owner, 1, 1)
 
 
-def test_seed_article_scenario(stores: list[Store], clock: LogicalClock) -> None:
+def test_seed_article_scenario(stores: list[Store], clock: ManualClock) -> None:
     """The seed article end to end: race at t=100 (one winner, token 1, expires 110); renew at
     103 moves the deadline to 113; the loser's claim at 110 fails; at 113 (expires_at == now
     counts as expired) the old holder can neither renew nor finish; the loser takes over with
@@ -168,7 +145,7 @@ def test_seed_article_scenario(stores: list[Store], clock: LogicalClock) -> None
 
 
 def test_reused_owner_name_is_fenced_by_the_token_alone(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """The same owner name claiming again after its lease expired gets token n+1; the old Lease
     (token n) is refused by renew and finish even while the new lease is live, including a copy
@@ -207,7 +184,7 @@ def test_reused_owner_name_is_fenced_by_the_token_alone(
 
 
 def test_release_gives_the_key_back_and_tokens_never_restart(
-    stores: list[Store], clock: LogicalClock
+    stores: list[Store], clock: ManualClock
 ) -> None:
     """release() of the current lease returns True and leaves state ready with the token kept;
     the released lease can no longer renew, finish or release; the next claim (even at the same
@@ -248,7 +225,7 @@ def test_release_gives_the_key_back_and_tokens_never_restart(
     assert a.get(key).attempts == 4
 
 
-def test_done_key_cannot_be_claimed_again(stores: list[Store], clock: LogicalClock) -> None:
+def test_done_key_cannot_be_claimed_again(stores: list[Store], clock: ManualClock) -> None:
     """Once a result is accepted the key is done: later claims by anyone return None, no matter
     how much time passes, and the row (result, token, owner) stays as it was."""
     a, b = stores
