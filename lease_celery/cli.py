@@ -173,7 +173,8 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
             _fail(ctx, f"lease {key!r} is ready again, but its task cannot be re-published "
                        "(no app given, or no task recorded): publish it yourself")
         assert record.task is not None
-        published = republish(ctx.app, record.task).id
+        # A fresh start: Celery's retry count begins again, like the lease's attempts.
+        published = republish(ctx.app, record.task, retries=0).id
     _emit(ctx, {"requeued": key, "task_id": published},
           f"requeued {key}" + (f"; task {published} published" if published else ""))
 

@@ -7,12 +7,11 @@ requeue) and re-publishing it (deferral of a duplicate, store outage, recovery).
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .stores.base import Store, open_store
+from .stores.base import Store, decode_task, encode_task, open_store
 
 __all__ = ["body_signature", "republish", "shared_store", "task_info"]
 
@@ -32,16 +31,13 @@ def shared_store(url: str) -> Store:
 def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
     """The delivery as a JSON signature (task, args, kwargs, id, routing, links), or None.
 
-    ``None`` when the arguments are not JSON (then only the broker can redeliver the task).
+    ``None`` when the arguments cannot be encoded (then only the broker can redeliver it).
     """
     signature = dict(task.signature_from_request(request, args, kwargs))
     options = {k: v for k, v in signature.get("options", {}).items() if v is not None}
     signature["options"] = options
-    try:
-        decoded: dict[str, Any] = json.loads(json.dumps(signature, allow_nan=False))
-    except (TypeError, ValueError):
-        return None
-    return decoded
+    text = encode_task(signature)  # what the store will hold; None if it cannot
+    return None if text is None else decode_task(text)
 
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:

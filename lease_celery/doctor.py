@@ -116,9 +116,11 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
     reject = [t.name for t in tasks if t.acks_late and not t.reject_on_worker_lost]
     if reject:
         found.append(Finding(
-            "task.reject_on_worker_lost", "warning", "delivery",
-            f"task_reject_on_worker_lost is off for {', '.join(sorted(reject))}: when the "
-            "worker process dies, Celery acks the message as failed instead of requeueing it"))
+            "task.reject_on_worker_lost", "error", "delivery",
+            f"task_reject_on_worker_lost is off for {', '.join(sorted(reject))}: when a "
+            "worker process dies, Celery records FAILURE (WorkerLostError) and runs the "
+            "errbacks, while the lease sweeper brings the unfinished task back and it may then "
+            "succeed: one task id would report both. Set task_reject_on_worker_lost=True"))
     multiplier = int(conf.worker_prefetch_multiplier or 0)
     if multiplier > 1 and (longest is None or longest > LONG_TASK):
         found.append(Finding(
@@ -168,7 +170,7 @@ def _store(url: str) -> list[Finding]:
     found: list[Finding] = []
     try:
         with open_store(url) as store:
-            store.now()
+            store.get("lease_celery:doctor")  # a real read: connection, schema, file format
     except (LeaseError, ValueError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {url} cannot be used: {exc}")]

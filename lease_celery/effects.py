@@ -52,12 +52,12 @@ def fingerprint(payload: Any) -> str:
     """SHA-256 of the payload's canonical JSON (sorted keys, no spaces, UTF-8)."""
     try:
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"),
-                               ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+                               ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise PayloadNotSerializable(
             f"effect payloads must be JSON-serializable; {type(payload).__name__} is not ({exc})"
         ) from exc
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical).hexdigest()
 
 
 class Effects:
@@ -90,7 +90,7 @@ class Effects:
         give_up_at, pause = time.monotonic() + wait, 0.01
         while True:
             if self.store.effect_insert(key, digest, lease):
-                return self._perform(key, fn, version=1)
+                return self._perform(key, fn, version=1, digest=digest)
             receipt = self.store.effect_get(key)
             if receipt is None:
                 continue  # discarded (or its attempt failed) between our two calls
@@ -118,13 +118,13 @@ class Effects:
                 if self.store.effect_restart(key, version=receipt.version, lease=lease):
                     logger.warning("effect %s: earlier attempt abandoned; resending with the "
                                    "same key (retry_same_key)", key)
-                    return self._perform(key, fn, version=receipt.version + 1)
+                    return self._perform(key, fn, version=receipt.version + 1, digest=digest)
             elif self.store.effect_update(key, version=receipt.version,
                                           state=EffectState.NEEDS_RECONCILIATION, result=None):
                 raise self._unknown(receipt)
             # Lost a race with another replay: look again.
 
-    def _perform(self, key: str, fn: Callable[[str], _T], *, version: int) -> _T:
+    def _perform(self, key: str, fn: Callable[[str], _T], *, version: int, digest: str) -> _T:
         """Run ``fn`` (outside any transaction) for the in-flight receipt at ``version``."""
         try:
             result = fn(key)
@@ -146,16 +146,26 @@ class Effects:
         signals.effect_performed.send(sender=self.store, key=key, attempt=version)
         if not self.store.effect_update(key, version=version, state=EffectState.DONE,
                                         result=encoded):
-            self._record_known_outcome(key, encoded)
+            self._record_known_outcome(key, encoded, digest)
         if problem is not None:
             raise problem
         return result
 
-    def _record_known_outcome(self, key: str, encoded: str | None) -> None:
+    def _record_known_outcome(self, key: str, encoded: str | None,
+                              fingerprint_of_known: str) -> None:
         """The action happened, but the receipt changed while it ran (a takeover marked it
         ``needs_reconciliation``): what was unknown is known now, so record it."""
         receipt = self.store.effect_get(key)
-        if (receipt is not None and receipt.state is EffectState.NEEDS_RECONCILIATION
+        if receipt is None:
+            # Discarded while it ran: but it did happen, so the receipt must say so, or the
+            # next attempt would act again.
+            if (self.store.effect_insert(key, fingerprint_of_known, None)
+                    and self.store.effect_update(key, version=1, state=EffectState.DONE,
+                                                 result=encoded)):
+                logger.warning("effect %s: performed after its receipt was discarded; the "
+                               "outcome is recorded again", key)
+                return
+        elif (receipt.state is EffectState.NEEDS_RECONCILIATION
                 and self.store.effect_update(key, version=receipt.version,
                                              state=EffectState.DONE, result=encoded)):
             logger.warning("effect %s: performed by an attempt whose lease had lapsed; its "
@@ -200,12 +210,22 @@ class Effects:
                                         result=encoded):
                 return self._existing(key)
 
-    def discard(self, key: str) -> bool:
-        """Forget the receipt (the action did not happen): the next ``once`` performs it."""
+    def discard(self, key: str, *,
+                in_flight_timeout: float = DEFAULT_IN_FLIGHT_TIMEOUT) -> bool:
+        """Forget the receipt (the action did not happen): the next ``once`` performs it.
+
+        Refused with ``LeaseHeld`` while an attempt is still running under a current lease:
+        that attempt may yet perform the action.
+        """
         while True:
             receipt = self.store.effect_get(key)
             if receipt is None:
                 return False
+            if (receipt.state is EffectState.IN_FLIGHT
+                    and self._attempt_alive(receipt, in_flight_timeout)):
+                raise LeaseHeld(f"effect {key!r} is being performed by {receipt.lease_owner} "
+                                f"(lease {receipt.lease_key!r} token {receipt.lease_token}); "
+                                "it cannot be discarded while it runs")
             if self.store.effect_delete(key, version=receipt.version):
                 return True
 

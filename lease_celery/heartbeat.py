@@ -120,10 +120,9 @@ class Heartbeat:
                                    handle.key, handle.token, exc)
                     handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
             return
-        for handle in handles:
+        for handle, lease in zip(handles, renewed, strict=True):
             if handle.closed:
                 continue  # finished or released meanwhile: a refusal now means nothing
-            lease = renewed.get(handle.key)
             if lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ConfigError, LeaseError
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
-from .stores.base import check_ttl, open_store
+from .stores.base import check_ttl, store_class
 
 __all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings"]
 
@@ -66,7 +66,9 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
     url_value, url_source = _lookup(app, task, "lease_store_url")
     url = DEFAULT_STORE_URL if url_value is None else url_value
     try:
-        open_store(url).close()  # parses and checks the URL; connects lazily, so this is cheap
+        # Syntax only: a host that only publishes tasks need not reach the store (or have its
+        # directory); workers check the rest when they start (lease_celery.worker).
+        store_class(url).check_url(url)
     except LeaseError as exc:
         raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
     except ValueError as exc:

@@ -16,7 +16,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task
+from celery import Task, states
+from celery.app.task import get_actual_ignore_result
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 
 # metrics and worker: imported for their signal wiring, done once per process.
@@ -34,7 +36,7 @@ from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
 from .keys import KeySpec, check_key_spec, resolve_key
-from .models import Lease, LeaseState
+from .models import Lease, LeaseRecord, LeaseState
 from .policy import Outcome
 from .settings import LeaseSettings, resolve_settings
 from .stores.base import Store, check_ttl
@@ -47,6 +49,14 @@ logger = logging.getLogger(__name__)
 CLAIM_ROUNDS = 3
 #: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
 STORE_RETRY_DELAY = 5.0
+
+class _AcceptedResult(Exception):  # control flow only: never escapes the gate
+    """Raised by the claim when this delivery should complete with the accepted result."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
+
 
 class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """A Celery task whose body runs under a fenced, heartbeated lease.
@@ -123,11 +133,22 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     # -- the gate ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.request.called_directly:
+            return self._gate(args, kwargs)
+        # A direct call (``task(...)``) pushes no request: give it one of its own, so that
+        # threads calling the task at once do not share Celery's default request (and lease).
+        self.push_request(args=args, kwargs=kwargs, called_directly=True)
+        try:
+            return self._gate(args, kwargs)
+        finally:
+            self.pop_request()
+
+    def _gate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         request = self.request
         settings = self.lease_settings
         store = self.lease_store
-        # A direct call (``task(...)``) has no delivery id; it is still the protected work, so
-        # it runs under a lease too, on a key of its own unless lease_key names one.
+        # A direct call has no delivery id; it is still the protected work, so it runs under a
+        # lease too, on a key of its own unless lease_key names one.
         task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
         try:
@@ -136,6 +157,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             # The store cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"the lease store failed ({exc})", eager_error=exc)
+        except _AcceptedResult as accepted:
+            return accepted.result
         request.lease = handle
         heartbeat = Heartbeat.for_process()
         heartbeat.watch(handle)
@@ -146,9 +169,6 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
             raise
-        finally:
-            if request.called_directly:
-                request.lease = None  # the default request object outlives this call
         heartbeat.unwatch(handle)
         handle.body_duration = time.monotonic() - started
         return self._finish(handle, result, settings, args, kwargs)
@@ -168,6 +188,11 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             record = store.get(key)
             if record is None:
                 continue  # purged between our claim and our look: claim again
+            if record.state is LeaseState.DONE and self._result_missing(record):
+                logger.warning("lease %s is done but the result backend has no result for "
+                               "task %s (its worker died in between): completing it with the "
+                               "accepted result", key, self.request.id)
+                raise _AcceptedResult(record.result)
             if record.state in (LeaseState.DONE, LeaseState.DEAD):
                 logger.info("lease %s is %s (token %s): delivery %s ignored",
                             key, record.state.value, record.token, self.request.id)
@@ -191,6 +216,21 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Lost the race several times in a row (expiries and takeovers crossing ours).
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
+
+    def _result_missing(self, record: LeaseRecord) -> bool:
+        """Did the accepted run of *this* task id die between its finish and Celery's result
+        write? Then this redelivery completes it: result stored, callbacks sent, once."""
+        request = self.request
+        options = (record.task or {}).get("options") or {}
+        if (request.is_eager or request.called_directly or options.get("task_id") != request.id
+                or get_actual_ignore_result(self, request)
+                or isinstance(self.backend, DisabledBackend)):
+            return False
+        try:
+            return bool(self.backend.get_state(request.id) != states.SUCCESS)
+        except Exception:  # no answer from the backend: do not risk running callbacks twice
+            logger.warning("lease %s: result backend unavailable; duplicate ignored", record.key)
+            return False
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
                sent_at: float) -> LeaseHandle:
@@ -224,7 +264,15 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Jitter spreads duplicates so they do not all come back in the same instant.
         countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
         countdown += random.uniform(0, settings.ttl / 10)
-        self.signature_from_request(request, args, kwargs, countdown=countdown).apply_async()
+        # No "expires" on the copy: it shares the task id with the live (or finished) run, and
+        # Celery would mark that id REVOKED when an expired copy arrives.
+        try:
+            self.signature_from_request(request, args, kwargs, countdown=countdown,
+                                        expires=None).apply_async()
+        except Exception as exc:  # the broker is unreachable: hand the message back instead
+            logger.warning("delivery %s of %s could not be deferred (%r): requeued", request.id,
+                           key, exc)
+            raise Reject(exc, requeue=True) from exc
         logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
                                         reason=why)
@@ -246,7 +294,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"finish failed in the lease store ({exc})", eager_error=exc)
         if not accepted:
-            self._reject_stale(handle, "finish refused: the lease expired or was taken over")
+            self._not_current(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
         signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
                                     hold_time=handle.held_for, duration=handle.body_duration)
@@ -274,10 +322,11 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self._release(handle, reason=f"{type(exc).__name__}: {exc}")
             return
         if not isinstance(exc, Exception):
-            # SystemExit from billiard's SIGTERM handler (cold shutdown, soft-shutdown timeout)
-            # or KeyboardInterrupt: the task was terminated; give the key back so the requeued
-            # message is claimed at once instead of after the lease expires.
-            self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})")
+            # SystemExit from billiard's SIGTERM handler (cold shutdown, soft-shutdown timeout,
+            # revoke with terminate) or KeyboardInterrupt: the task was terminated; give the key
+            # back so the requeued message is claimed at once, and let the exit go on.
+            self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})",
+                          passing=True)
             return
         if isinstance(exc, LeaseLost) or handle.lost:
             self._release(handle, reason=repr(exc))
@@ -293,15 +342,18 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request = self.request
         # An eager retry runs at once (Celery ignores its countdown), so it gets no backoff.
         delay = 0.0 if request.is_eager else settings.policy.backoff(handle.lease.attempts)
-        if not self._release(handle, reason=reason, delay=delay):
-            return
         if request.called_directly:
+            self._release(handle, reason=reason, delay=delay)
             return  # a plain call has no delivery to retry: the error propagates
+        # Publish the retry first: if that fails, the key stays held until it expires and the
+        # sweeper brings the task back, instead of being left ready with no message for it.
+        # The lease policy, not the task's max_retries, bounds these retries.
+        retry = self.retry(exc=exc, countdown=delay, max_retries=math.inf, throw=False)
+        self._release(handle, reason=reason, delay=delay)
         logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
         signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
                                  reason=reason, countdown=delay)
-        # The lease policy, not the task's max_retries, bounds these retries.
-        raise self.retry(exc=exc, countdown=delay, max_retries=math.inf)
+        raise retry
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
@@ -314,11 +366,13 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self.request.celery_retries_exhausted = True
             raise
 
-    def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0) -> bool:
-        """Give the key back (after ``delay`` of backoff); a stale lease's failure is ignored."""
+    def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0,
+                 passing: bool = False) -> bool:
+        """Give the key back (after ``delay`` of backoff). If the lease is no longer current,
+        this attempt's failure is not the key's outcome: see ``_not_current`` (skipped when
+        ``passing`` an exit through, which must go on)."""
         try:
             released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000])
-            record = None if released else handle.store.get(handle.key)
         except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
                              "expire at %s", handle.key, handle.token, handle.expires_at)
@@ -327,10 +381,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
                                         hold_time=handle.held_for)
             return True
-        if record is not None and (record.token != handle.token or record.owner != handle.owner):
-            # Someone else owns the key now: our failure must not overwrite their outcome.
-            self._reject_stale(handle, f"the attempt failed after the lease was taken over "
-                                       f"({reason})")
+        if not passing:
+            self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
         return False
 
     def _kill(self, handle: LeaseHandle, reason: str) -> None:
@@ -345,7 +397,30 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
                                     reason=reason, hold_time=handle.held_for)
         else:
-            self._release(handle, reason=reason)  # not current: judge it as a stale failure
+            self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
+
+    def _not_current(self, handle: LeaseHandle, reason: str) -> NoReturn:
+        """This execution's outcome was refused: its lease is no longer current.
+
+        If another owner has the key (or settled it), the outcome is stale: dropped with
+        ``Ignore``, so it never reaches the result backend or callbacks. If nobody took over
+        (the lease just lapsed, or an operator released it), dropping it would lose the work:
+        the delivery is re-published to run again, then acked.
+        """
+        try:
+            record = handle.store.get(handle.key)
+        except StoreError:
+            record = None
+        taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
+        if taken or self.request.is_eager or self.request.called_directly:
+            self._reject_stale(handle, reason)
+        handle.mark_lost(reason)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
+                                           reason=reason, hold_time=handle.held_for)
+        settings = self.lease_settings
+        self._defer(handle.key, 0.0, settings, self.request.args or (),
+                    self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
+                    eager_error=LeaseLost(reason))
 
     def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
         handle.mark_lost(reason)

@@ -14,7 +14,9 @@ from typing import Any
 
 from celery import signals as celery_signals
 
+from .errors import LeaseError
 from .heartbeat import Heartbeat
+from .stores.base import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
 __all__ = ["release_held_leases"]
@@ -42,6 +44,22 @@ def release_held_leases(reason: str) -> int:
     worker.start()
     worker.join(SHUTDOWN_RELEASE_TIMEOUT)
     return released[0] if released else 0
+
+
+def _check_stores(sender: Any = None, **_: Any) -> None:
+    """At worker start, open every store the app's LeasedTasks use (paths, URL options): a bad
+    one stops the worker with a message, instead of failing every task later."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    for url in leased_store_urls(app):
+        try:
+            open_store(url).close()
+        except LeaseError as exc:
+            logger.critical("lease_store_url %s is not usable: %s", url, exc)
+            # SystemExit, not an Exception: Celery's Signal.send would swallow the latter.
+            raise SystemExit(f"lease_celery: lease_store_url {url} is not usable: {exc}"
+                             ) from exc
 
 
 def _on_process_shutdown(**_: Any) -> None:
@@ -87,6 +105,7 @@ def _sweep_interval(app: Any) -> float:
     return min(ttls) / 2 if ttls else 0.0
 
 
+celery_signals.worker_init.connect(_check_stores, weak=False)
 celery_signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
 celery_signals.worker_ready.connect(_start_sweeper, weak=False)
 celery_signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)

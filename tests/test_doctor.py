@@ -64,7 +64,7 @@ MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
      "broker.visibility_timeout.ttl", "warning", "shorter than lease_ttl=30s"),
     ({"time_limit": None}, "broker.visibility_timeout.unknown", "warning", "no time limit"),
     ({"task_acks_late": False}, "task.acks_late", "warning", "task_acks_late is off"),
-    ({"task_reject_on_worker_lost": False}, "task.reject_on_worker_lost", "warning",
+    ({"task_reject_on_worker_lost": False}, "task.reject_on_worker_lost", "error",
      "task_reject_on_worker_lost is off"),
     ({"worker_prefetch_multiplier": 4}, "worker.prefetch_multiplier", "warning",
      "worker_prefetch_multiplier=4"),

@@ -539,3 +539,33 @@ def test_a_lapsed_attempt_that_succeeds_records_its_known_outcome(
                                                                    "key": KEY})
     assert e.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD)) == {"receipt_id": "r-1", "key": KEY}
     assert target.keys() == [KEY]
+
+
+def test_discard_is_refused_while_a_live_attempt_runs_and_a_discarded_outcome_is_kept(
+        stores: list[Store], clock: ManualClock, target: Target) -> None:
+    """An operator cannot discard a receipt whose attempt still runs under a current lease
+    (LeaseHeld). If the receipt is discarded anyway after the lease lapsed and the attempt then
+    succeeds, its outcome is recorded again, so the next attempt replays instead of acting."""
+    d, e = stores
+    lease_d = _claim(d, "job:42", "worker-d")
+
+    def send(key: str) -> dict[str, Any]:
+        with pytest.raises(LeaseHeld, match="cannot be discarded while it runs"):
+            e.effects.discard(KEY)
+        clock.now += TTL  # D's lease lapses while the request is out
+        assert e.effects.discard(KEY) is True  # now it may: no live attempt
+        return target.fn(PAYLOAD)(key)
+
+    assert d.effects.once(KEY, PAYLOAD, send, lease=lease_d) == {"receipt_id": "r-1",
+                                                                   "key": KEY}
+    lease_e = _claim(e, "job:42", "worker-e")
+    assert e.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD), lease=lease_e) == {
+        "receipt_id": "r-1", "key": KEY}
+    assert target.keys() == [KEY]
+
+
+def test_payload_with_a_lone_surrogate_is_not_serializable() -> None:
+    """A payload that cannot be encoded as UTF-8 is refused as PayloadNotSerializable (a
+    permanent error for the policy), not a raw UnicodeEncodeError."""
+    with pytest.raises(PayloadNotSerializable):
+        fingerprint({"text": "\ud800"})

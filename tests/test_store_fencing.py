@@ -233,7 +233,7 @@ def test_at_the_deadline_the_lease_is_expired(
     assert _get(a, "report:boundary") == before
     assert a.release(lease) is False
     assert _get(a, "report:boundary") == before
-    assert a.renew_many([lease], ttl=TTL) == {"report:boundary": None}
+    assert a.renew_many([lease], ttl=TTL) == [None]
     assert _get(a, "report:boundary") == before
 
     taken = b.claim("report:boundary", owner="worker-b", ttl=TTL)
@@ -275,7 +275,7 @@ def test_wrong_owner_or_token_is_refused_and_changes_nothing(
     for why, wrong in _refusals(lease).items():
         assert b.renew(wrong, ttl=TTL) is None, why
         assert _get(a, key) == before, why
-        assert b.renew_many([wrong], ttl=TTL) == {wrong.key: None}, why
+        assert b.renew_many([wrong], ttl=TTL) == [None], why
         assert _get(a, key) == before, why
         assert b.finish(wrong, {"by": why}) is False, why
         assert _get(a, key) == before, why
@@ -335,14 +335,30 @@ def test_renew_many_renews_the_current_and_refuses_the_stale_in_one_batch(
     before = {lease.key: _get(a, lease.key) for lease in stale}
 
     batch = [live[0], stale[0], live[1], *stale[1:], live[2]]
-    result = a.renew_many(batch, ttl=20)
+    result = dict(zip(map(id, batch), a.renew_many(batch, ttl=20), strict=True))
 
-    assert set(result) == {lease.key for lease in batch}
     for lease in live:
-        assert result[lease.key] == dataclasses.replace(lease, expires_at=126.0)
+        assert result[id(lease)] == dataclasses.replace(lease, expires_at=126.0)
         assert _get(b, lease.key).expires_at == 126.0
     for lease in stale:
-        assert result[lease.key] is None, lease.key
+        assert result[id(lease)] is None, lease.key
         assert _get(b, lease.key) == before[lease.key], lease.key
     assert _get(b, "report:wrong-token").expires_at == 110.0
-    assert a.renew_many([], ttl=TTL) == {}
+    assert a.renew_many([], ttl=TTL) == []
+
+
+def test_renew_many_tells_two_generations_of_one_key_apart(
+        stores: list[Store], clock: ManualClock) -> None:
+    """An old generation (released) and the new one of the same key, in one batch, as two
+    executions in one process could hold them: each gets its own answer, in order, and the
+    renewed lease keeps its attempts and takeovers."""
+    a, _ = stores
+    old = a.claim("report:twice", owner="same-process", ttl=TTL)
+    assert old is not None and a.release(old)
+    new = a.claim("report:twice", owner="same-process", ttl=TTL)
+    assert new is not None
+    for batch in ([old, new], [new, old]):
+        renewed = a.renew_many(batch, ttl=TTL)
+        assert [r is not None for r in renewed] == [lease is new for lease in batch]
+        fresh = next(r for r in renewed if r is not None)
+        assert (fresh.token, fresh.attempts, fresh.takeovers) == (2, 2, 0)

@@ -84,7 +84,7 @@ def test_defaults_and_task_attributes_override_settings(sqlite_url: str) -> None
     ({"lease_heartbeat_interval": 30}, r"lease_heartbeat_interval .* not shorter than lease_ttl"),
     ({"lease_heartbeat_interval": -1}, r"lease_heartbeat_interval"),
     ({"lease_store_url": "mysql://x/y"}, r"lease_store_url .* unknown lease store URL scheme"),
-    ({"lease_store_url": "sqlite:////no/such/dir/x.db"}, r"lease_store_url .* does not exist"),
+    ({"lease_store_url": "sqlite://host/x.db"}, r"lease_store_url .* names a host"),
 ])
 def test_invalid_settings_are_refused_when_the_app_is_finalized(
         conf: dict[str, Any], message: str) -> None:
@@ -127,6 +127,27 @@ def test_worker_refuses_to_start_with_an_invalid_setting(tmp_path: Path) -> None
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "lease_ttl (setting lease_ttl) must be a finite number of seconds > 0" in proc.stderr
+
+
+def test_store_directory_is_checked_by_workers_not_publishers(tmp_path: Path) -> None:
+    """A publisher host need not have the workers' SQLite directory: the app finalizes and can
+    send tasks. A worker refuses to start with a message naming the setting and directory."""
+    app = Celery("publisher", broker="memory://", set_as_current=False)
+    app.conf.lease_store_url = "sqlite:////no/such/dir/x.db"
+
+    @app.task(base=LeasedTask, shared=False)
+    def job() -> None: ...
+
+    app.finalize()
+    assert job.lease_settings.store_url == "sqlite:////no/such/dir/x.db"
+    env = {"LEASE_TEST_STORE": "sqlite:////no/such/dir/x.db", "LEASE_TEST_BROKER": "memory://",
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.worker_app", "worker", "-P", "solo"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "lease_store_url sqlite:////no/such/dir/x.db is not usable" in proc.stderr
+    assert "'/no/such/dir' does not exist" in proc.stderr
 
 
 def test_key_resolution_from_arguments_defaults_and_callables(sqlite_url: str) -> None:
@@ -277,3 +298,43 @@ def test_invalid_policy_settings_are_refused(conf: dict[str, Any], message: str)
 
     with pytest.raises(ConfigError, match=message):
         app.finalize()
+
+
+def test_direct_calls_from_threads_each_hold_their_own_lease(sqlite_url: str) -> None:
+    """Two threads calling the task directly at once each see their own ``self.lease`` for
+    the whole body (Celery's default request is shared; each call gets a request of its own)."""
+    import threading
+
+    app = make_app(sqlite_url)
+    both_in = threading.Barrier(2)
+    seen: dict[str, tuple[str, str]] = {}
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="doc:{n}")
+    def job(self: LeasedTask, n: str) -> str:
+        first = self.lease.key
+        both_in.wait(5)
+        seen[n] = (first, self.lease.key)
+        return self.lease.key
+
+    threads = [threading.Thread(target=job, args=(n,)) for n in ("1", "2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert seen == {"1": ("doc:1", "doc:1"), "2": ("doc:2", "doc:2")}
+
+
+def test_an_exit_is_never_turned_into_ignore(sqlite_url: str) -> None:
+    """A SystemExit (a terminated task) raised after the lease was taken over still exits:
+    it is not swallowed as a stale outcome."""
+    app = make_app(sqlite_url, lease_ttl=5)
+    store = open_store(sqlite_url)
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="exit:{n}")
+    def job(self: LeasedTask, n: int) -> None:
+        assert store.force_release(self.lease.key, reason="operator")
+        assert store.claim(self.lease.key, owner="someone-else", ttl=30) is not None
+        raise SystemExit(-241)
+
+    with pytest.raises(SystemExit):
+        job(1)

@@ -16,6 +16,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from kombu.utils import json as kombu_json
+
 from ..errors import ConfigError, InvalidKey, LeaseLost, ResultNotSerializable, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 
@@ -54,6 +56,16 @@ class Store(abc.ABC):
     url: str
 
     @abc.abstractmethod
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        """Parse ``url`` (raising ``ConfigError`` naming the problem); connect lazily."""
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """Refuse a malformed URL without touching files or servers (publishers run this too:
+        a host that only sends tasks need not reach the store)."""
+        cls(url).close()
+
+    @abc.abstractmethod
     def claim(self, key: str, *, owner: str, ttl: float,
               task: Mapping[str, Any] | None = None) -> Lease | None:
         """Atomically take ``key`` for ``owner`` until store-now + ``ttl``.
@@ -74,13 +86,14 @@ class Store(abc.ABC):
         in the same transaction as the write. Returns the renewed lease or ``None``.
         """
 
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
-        """Renew several leases; the result maps each key to its renewed lease or ``None``.
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
+        """Renew several leases; the result lists each one's renewed lease or ``None``, in order.
 
-        Each lease is judged on its own by the rule of :meth:`renew`. Stores override this to
-        renew all of them in one round trip.
+        Each lease is judged on its own by the rule of :meth:`renew` (two leases of one key,
+        an old and a new generation, get their own answers). Stores override this to renew
+        all of them in one round trip.
         """
-        return {lease.key: self.renew(lease, ttl=ttl) for lease in leases}
+        return [self.renew(lease, ttl=ttl) for lease in leases]
 
     @abc.abstractmethod
     def finish(self, lease: Lease, result: Any = None) -> bool:
@@ -339,14 +352,23 @@ def encode_result(result: Any) -> str:
 
 
 def encode_task(task: Mapping[str, Any] | None) -> str | None:
-    """Task info as JSON, or None when there is none (or it cannot be JSON: requeue then needs
-    the original message)."""
+    """Task info as kombu's JSON (which, like Celery's default serializer, carries datetime,
+    Decimal and UUID), or None when there is none or it cannot be encoded (then only the
+    broker can redeliver the task)."""
     if task is None:
         return None
     try:
-        return json.dumps(dict(task), allow_nan=False, separators=(",", ":"), sort_keys=True)
+        text: str = kombu_json.dumps(dict(task))  # type: ignore[no-untyped-call]
     except (TypeError, ValueError):
         return None
+    return text
+
+
+def decode_task(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    decoded: dict[str, Any] = kombu_json.loads(text)  # type: ignore[no-untyped-call]
+    return decoded
 
 
 def decode_result(text: str | None) -> Any:
@@ -358,13 +380,8 @@ def register_scheme(scheme: str, target: str) -> None:
     _SCHEMES[scheme] = target
 
 
-def open_store(url: str, *, clock: Clock | None = None) -> Store:
-    """Open the lease store named by ``url``.
-
-    ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or ``sqlite://`` (in memory).
-    ``clock`` replaces the store's authority clock (tests, simulations): a callable returning
-    epoch seconds.
-    """
+def store_class(url: object) -> type[Store]:
+    """The Store class for ``url``'s scheme, or ``ConfigError`` naming the problem."""
     if not isinstance(url, str) or not url:
         raise ConfigError(f"lease store URL must be a non-empty string, got {url!r}")
     scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
@@ -374,6 +391,15 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
         raise ConfigError(f"unknown lease store URL scheme {scheme + '://' if scheme else url!r}"
                           f" in {url!r}; known schemes: {known}")
     module_name, class_name = target.split(":")
-    store_class = getattr(importlib.import_module(module_name), class_name)
-    store: Store = store_class(url, clock=clock)
-    return store
+    found: type[Store] = getattr(importlib.import_module(module_name), class_name)
+    return found
+
+
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """Open the lease store named by ``url``.
+
+    ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or ``sqlite://`` (in memory).
+    ``clock`` replaces the store's authority clock (tests, simulations): a callable returning
+    epoch seconds.
+    """
+    return store_class(url)(url, clock=clock)

@@ -9,6 +9,7 @@ again until ``reconnect_timeout`` runs out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -31,6 +32,7 @@ from .base import (
     check_owner,
     check_ttl,
     decode_result,
+    decode_task,
     encode_result,
     encode_task,
     fence_params,
@@ -203,21 +205,22 @@ class PostgresStore(Store):
         return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
                      takeovers=int(row[4]))
 
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
         ttl = check_ttl(ttl)
         if not leases:
-            return {}
+            return []
         params = [fence_params(lease) for lease in leases]
         rows = self._run(lambda conn: conn.execute(self._q["renew_many"], self._params(
             ttl=ttl, keys=[p["key"] for p in params], owners=[p["owner"] for p in params],
             tokens=[p["token"] for p in params])).fetchall())
-        deadlines = {key: float(expires_at) for key, expires_at in rows}
-        return {lease.key: (Lease(lease.key, lease.owner, lease.token, deadlines[lease.key],
-                                  lease.fence)
-                            if lease.key in deadlines else None) for lease in leases}
+        deadlines = {(key, owner, int(token)): float(expires_at)
+                     for key, owner, token, expires_at in rows}
+        found = [deadlines.get((lease.key, lease.owner, lease.token)) for lease in leases]
+        return [None if deadline is None else dataclasses.replace(lease, expires_at=deadline)
+                for lease, deadline in zip(leases, found, strict=True)]
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
-        return self.renew_many([lease], ttl=ttl)[lease.key]
+        return self.renew_many([lease], ttl=ttl)[0]
 
     def finish(self, lease: Lease, result: Any = None) -> bool:
         encoded = encode_result(result)
@@ -365,4 +368,4 @@ def _int_option(url: str, name: str, raw: str) -> int:
 
 
 def _record(row: Sequence[Any]) -> LeaseRecord:
-    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_result(row[12]))
+    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_task(row[12]))

@@ -11,6 +11,7 @@ is the store for strict fencing across failover.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -29,6 +30,7 @@ from .base import (
     check_owner,
     check_ttl,
     decode_result,
+    decode_task,
     encode_result,
     encode_task,
     fence_params,
@@ -137,22 +139,20 @@ class RedisStore(Store):
             return None
         return [v or "0" for v in rest]
 
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
         ttl = check_ttl(ttl)
         if not leases:
-            return {}
+            return []
         args: list[Any] = [repr(ttl)]
         for lease in leases:
             params = fence_params(lease)
             args += [params["owner"], str(params["token"])]
         reply = self._call("renew", [self._keys(lease.key)[0] for lease in leases], args)
-        return {lease.key: (Lease(lease.key, lease.owner, lease.token, float(deadline),
-                                  lease.fence)
-                            if deadline else None)
-                for lease, deadline in zip(leases, reply, strict=True)}
+        return [dataclasses.replace(lease, expires_at=float(deadline)) if deadline else None
+                for lease, deadline in zip(leases, reply, strict=True)]
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
-        return self.renew_many([lease], ttl=ttl)[lease.key]
+        return self.renew_many([lease], ttl=ttl)[0]
 
     def _settle(self, lease: Lease, state: LeaseState, *, result: str = "",
                 reason: str | None = None, delay: float = 0.0) -> bool:
@@ -253,7 +253,7 @@ class RedisStore(Store):
                            updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)),
                            takeovers=int(row.get("takeovers", 0)),
                            not_before=float(row["not_before"]) if "not_before" in row else None,
-                           reason=row.get("reason"), task=decode_result(row.get("task")))
+                           reason=row.get("reason"), task=decode_task(row.get("task")))
 
     # -- effect receipts --------------------------------------------------------------------
 

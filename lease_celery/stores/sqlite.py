@@ -9,6 +9,7 @@ locking is not reliable there, and with it goes every guarantee this store makes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sqlite3
@@ -30,6 +31,7 @@ from .base import (
     check_owner,
     check_ttl,
     decode_result,
+    decode_task,
     encode_result,
     encode_task,
     fence_params,
@@ -72,8 +74,12 @@ class SQLiteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
 
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        cls._parse(url, check_paths=False)
+
     @staticmethod
-    def _parse(url: str) -> tuple[str, float]:
+    def _parse(url: str, *, check_paths: bool = True) -> tuple[str, float]:
         parts = urlsplit(url)
         if not url.startswith(f"{parts.scheme}://"):
             raise ConfigError(f"sqlite URL {url!r} must start with sqlite:// (sqlite:///relative"
@@ -94,6 +100,8 @@ class SQLiteStore(Store):
         path = unquote(parts.path)[1:] if parts.path else ""
         if not path or path == ":memory:":
             return ":memory:", busy_timeout
+        if not check_paths:
+            return path, busy_timeout
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise ConfigError(f"sqlite store directory {directory!r} does not exist (from {url!r})")
@@ -218,20 +226,20 @@ class SQLiteStore(Store):
         return self._write(body)
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
-        return self.renew_many([lease], ttl=ttl)[lease.key]
+        return self.renew_many([lease], ttl=ttl)[0]
 
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> dict[str, Lease | None]:
+    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
         ttl = check_ttl(ttl)
         if not leases:
-            return {}
+            return []
 
-        def body(conn: sqlite3.Connection, now: float) -> dict[str, Lease | None]:
-            renewed: dict[str, Lease | None] = {}
+        def body(conn: sqlite3.Connection, now: float) -> list[Lease | None]:
+            renewed: list[Lease | None] = []
             for lease in leases:
                 row = conn.execute(_Q["renew"], {**fence_params(lease), "now": now,
                                                  "expires_at": now + ttl}).fetchone()
-                renewed[lease.key] = None if row is None else Lease(
-                    lease.key, lease.owner, lease.token, float(row[0]), lease.fence)
+                renewed.append(None if row is None
+                               else dataclasses.replace(lease, expires_at=float(row[0])))
             return renewed
 
         return self._write(body)
@@ -307,7 +315,7 @@ class SQLiteStore(Store):
     @staticmethod
     def _record(row: Sequence[Any]) -> LeaseRecord:
         return LeaseRecord.from_row(row, result=decode_result(row[6]),
-                                    task=decode_result(row[12]))
+                                    task=decode_task(row[12]))
 
     def purge(self, key: str) -> bool:
         key = check_key(key)

@@ -69,6 +69,10 @@ ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
 SELECT COALESCE(%(now)s::double precision,
                 extract(epoch FROM clock_timestamp())::double precision)
 
+-- The fencing predicates (expires_at against now) read the clock in the WHERE clause itself,
+-- not from a value taken when the statement started: a statement that waited for a row lock
+-- re-checks the row after the wait, and must then judge it at that later instant.
+
 -- name: claim
 -- One statement: a new key starts at token 1; a conflicting row is locked and re-checked in its
 -- latest version, and taken only when purged, ready and past its backoff, or running with an
@@ -97,11 +101,11 @@ ON CONFLICT (key) DO UPDATE SET
     result     = NULL,
     updated_at = EXCLUDED.updated_at,
     fence      = EXCLUDED.fence,
-    task       = COALESCE(EXCLUDED.task, l.task),
+    task       = EXCLUDED.task,  -- this delivery's, or none: never a previous one's
     nonce      = EXCLUDED.nonce
 WHERE l.state = 'purged'
-   OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= EXCLUDED.updated_at))
-   OR (l.state = 'running' AND l.expires_at <= EXCLUDED.updated_at)
+   OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)))
+   OR (l.state = 'running' AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
 RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers
 
 -- name: claimed_by
@@ -122,8 +126,8 @@ SET expires_at = clock.now + %(ttl)s, updated_at = clock.now
 FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
      AS c(key, owner, token)
 WHERE l.key = c.key AND l.state = 'running' AND l.owner = c.owner AND l.token = c.token
-  AND l.expires_at > clock.now
-RETURNING l.key, l.expires_at
+  AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
+RETURNING l.key, l.owner, l.token, l.expires_at
 
 -- name: finish
 WITH clock AS (
@@ -135,7 +139,7 @@ SET state = 'done', result = %(result)s, expires_at = clock.now, updated_at = cl
     reason = NULL
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
-  AND l.expires_at > clock.now
+  AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.token
 
 -- name: release
@@ -150,7 +154,7 @@ SET state = 'ready', expires_at = clock.now, updated_at = clock.now, reason = %(
                       THEN clock.now + %(delay)s::double precision END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
-  AND l.expires_at > clock.now
+  AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.token
 
 -- name: kill
@@ -160,7 +164,7 @@ UPDATE {schema}.lease_celery_leases AS l
 SET state = 'dead', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
-  AND l.expires_at > clock.now
+  AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.token
 
 -- name: force_release

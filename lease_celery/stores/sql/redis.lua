@@ -20,7 +20,7 @@ end
 
 -- name: claim
 -- KEYS: lease hash, token counter, store-wide fence counter. ARGV: injected_now, owner, ttl
--- ARGV[4]: task JSON ('' to keep what is recorded); ARGV[5]: this claim call's nonce.
+-- ARGV[4]: task JSON ('' for none); ARGV[5]: this claim call's nonce.
 local t = now(ARGV[1])
 local state, expires_at, not_before = unpack(redis.call(
   'HMGET', KEYS[1], 'state', 'expires_at', 'not_before'))
@@ -37,7 +37,8 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
 redis.call('HDEL', KEYS[1], 'result', 'not_before')
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4])
+else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
 
 -- name: renew

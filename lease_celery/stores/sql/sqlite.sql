@@ -93,7 +93,7 @@ ON CONFLICT (key) DO UPDATE SET
     result     = NULL,
     updated_at = excluded.updated_at,
     fence      = excluded.fence,
-    task       = COALESCE(excluded.task, task)
+    task       = excluded.task  -- this delivery's, or none: never a previous one's
 WHERE (state = 'ready' AND (not_before IS NULL OR not_before <= :now))
    OR (state = 'running' AND expires_at <= :now)
 RETURNING token, expires_at, fence, attempts, takeovers
