@@ -89,10 +89,11 @@ def test_force_release_makes_running_ready_and_refuses_the_holder(
 def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: RewindableClock) -> None:
     """requeue turns a dead row ready with attempts and takeovers reset to 0, keeps its token
     and recorded task, records the reason; the next claim continues at token + 1 with
-    attempts 1. Rows that are not dead (missing, ready, running, done) give None, unchanged."""
+    attempts 1. Rows that are not dead (missing, ready, running, done) give None, unchanged.
+    The recorded task is always the latest claim's: a claim without one clears it."""
     claim(store, "k", task=TASK)
     clock.now += 20  # the first owner's lease expired: the next claim is a takeover
-    second = claim(store, "k", owner="w2")
+    second = claim(store, "k", owner="w2", task=TASK)
     assert (second.token, second.attempts, second.takeovers) == (2, 2, 1)
     assert store.kill(second, reason="gave up")
 
@@ -105,6 +106,7 @@ def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: Rewin
     assert store.requeue("k", reason="again") is None
     again = claim(store, "k", owner="w3")
     assert (again.token, again.attempts, again.takeovers) == (3, 1, 0)
+    assert store.get("k").task is None  # type: ignore[union-attr]  # not the previous one's
     assert store.requeue("k", reason="running") is None
     assert store.finish(again, "ok")
     assert store.requeue("k", reason="done") is None
@@ -234,7 +236,7 @@ def test_sweep_expired_returns_each_expired_generation_once(
     assert store.sweep_expired() == []
     clock.now = 150
     assert store.sweep_expired() == []  # still that expired generation: already swept
-    taken = claim(store, "k", owner="w2", ttl=10)
+    taken = claim(store, "k", owner="w2", ttl=10, task=TASK)
     assert (taken.token, taken.takeovers) == (2, 1)
     # A claim without task info keeps the one recorded.
     assert store.get("k").task == TASK  # type: ignore[union-attr]

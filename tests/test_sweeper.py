@@ -50,7 +50,7 @@ def test_failed_republish_is_retried_by_the_next_sweep(store_url: str) -> None:
         assert sweep(app, store) == []
         assert app.published == [TASK]
         # A new owner takes it over and also dies: that generation is swept again, once.
-        assert store.claim("build:42", owner="next-worker", ttl=10) is not None
+        assert store.claim("build:42", owner="next-worker", ttl=10, task=TASK) is not None
         clock.advance(10)
         assert [r.token for r in sweep(app, store)] == [2]
         assert len(app.published) == 2
