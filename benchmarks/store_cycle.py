@@ -111,10 +111,11 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     run = uuid.uuid4().hex[:8]
 
     def cycle(i: int) -> None:
-        keys = [f"{prefix}lease:raw:{run}:{i}", f"{prefix}token:raw:{run}:{i}", f"{prefix}fence"]
+        keys = [f"{prefix}lease:raw:{run}:{i}", f"{prefix}token:raw:{run}:{i}", f"{prefix}fence",
+                f"{prefix}running"]
         token, *_ = claim(keys=keys, args=["", "bench", repr(TTL), "", uuid.uuid4().hex])
-        assert finish(keys=keys[:1], args=["", "bench", token, "done", json.dumps(RESULT), "",
-                                           "0.0"])
+        assert finish(keys=[keys[0], keys[3]], args=["", "bench", token, "done",
+                                                     json.dumps(RESULT), "", "0.0"])
 
     return cycle, client.close
 

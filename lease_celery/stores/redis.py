@@ -84,6 +84,11 @@ class RedisStore(Store):
                          for name, body in _SCRIPTS.items() if name != "clock"}
         self._lock = threading.Lock()
 
+    @property
+    def _running(self) -> str:
+        """The sorted set of running lease hashes by deadline (what the sweeper reads)."""
+        return f"{self.prefix}running"
+
     def _keys(self, key: str) -> list[str]:
         return [f"{self.prefix}lease:{key}", f"{self.prefix}token:{key}"]
 
@@ -116,7 +121,7 @@ class RedisStore(Store):
               task: Mapping[str, Any] | None = None) -> Lease | None:
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
         nonce = uuid.uuid4().hex
-        reply = self._call("claim", [*self._keys(key), f"{self.prefix}fence"],
+        reply = self._call("claim", [*self._keys(key), f"{self.prefix}fence", self._running],
                            [owner, repr(ttl), encode_task(task) or "", nonce],
                            # Refused after a re-send: did the first send win? Its nonce would
                            # be on the row.
@@ -147,7 +152,8 @@ class RedisStore(Store):
         for lease in leases:
             params = fence_params(lease)
             args += [params["owner"], str(params["token"])]
-        reply = self._call("renew", [self._keys(lease.key)[0] for lease in leases], args)
+        reply = self._call("renew", [self._running,
+                                     *(self._keys(lease.key)[0] for lease in leases)], args)
         return [dataclasses.replace(lease, expires_at=float(deadline)) if deadline else None
                 for lease, deadline in zip(leases, reply, strict=True)]
 
@@ -157,7 +163,7 @@ class RedisStore(Store):
     def _settle(self, lease: Lease, state: LeaseState, *, result: str = "",
                 reason: str | None = None, delay: float = 0.0) -> bool:
         params = fence_params(lease)
-        return bool(self._call("settle", self._keys(lease.key)[:1], [
+        return bool(self._call("settle", [self._keys(lease.key)[0], self._running], [
             params["owner"], str(params["token"]), state.value, result, reason or "",
             repr(delay)], if_resent=lambda ok: ok or self.settled_by(lease, state)))
 
@@ -173,7 +179,8 @@ class RedisStore(Store):
     # -- operator actions (SCAN-based listing: fine for operations, not for a hot path) -----
 
     def force_release(self, key: str, *, reason: str) -> bool:
-        return bool(self._call("force_release", self._keys(check_key(key))[:1], [reason]))
+        return bool(self._call("force_release", [self._keys(check_key(key))[0], self._running],
+                               [reason]))
 
     def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
         requeued = self._call("requeue", self._keys(check_key(key))[:1], [reason])
@@ -220,22 +227,18 @@ class RedisStore(Store):
                    for key in list(self._lease_keys()))
 
     def sweep_unmark(self, key: str, token: int) -> bool:
-        return bool(self._call("sweep_unmark", self._keys(check_key(key))[:1], [str(token)]))
+        return bool(self._call("sweep_unmark", [self._keys(check_key(key))[0], self._running],
+                               [str(token)]))
 
     def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
-        limit = check_limit(limit)
-        swept: list[LeaseRecord] = []
-        for key in self._lease_keys():
-            if len(swept) >= limit:
-                break
-            if self._call("sweep_mark", self._keys(key)[:1], []):
-                record = self.get(key)
-                if record is not None:
-                    swept.append(record)
-        return swept
+        # One script over the running index: the cost follows what expired, not the store size.
+        hashes = self._call("sweep", [self._running], [str(check_limit(limit))])
+        head = f"{self.prefix}lease:"
+        return [record for name in hashes
+                if (record := self.get(str(name)[len(head):])) is not None]
 
     def purge(self, key: str) -> bool:
-        return bool(self._call("purge", self._keys(check_key(key)), []))
+        return bool(self._call("purge", [*self._keys(check_key(key)), self._running], []))
 
     def get(self, key: str) -> LeaseRecord | None:
         key = check_key(key)

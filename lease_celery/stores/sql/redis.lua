@@ -19,7 +19,9 @@ local function lease_current(lease_hash, owner, token, t)
 end
 
 -- name: claim
--- KEYS: lease hash, token counter, store-wide fence counter. ARGV: injected_now, owner, ttl
+-- KEYS: lease hash, token counter, store-wide fence counter, running index (a sorted set of
+-- running lease hashes by deadline, so a sweep reads only what expired). ARGV: injected_now,
+-- owner, ttl
 -- ARGV[4]: task JSON ('' for none); ARGV[5]: this claim call's nonce.
 local t = now(ARGV[1])
 local state, expires_at, not_before = unpack(redis.call(
@@ -34,6 +36,7 @@ local fence = redis.call('INCR', KEYS[3])  -- the store-wide fence
 local deadline = fmt(t + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
            'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence, 'nonce', ARGV[5])
+redis.call('ZADD', KEYS[4], tonumber(deadline), KEYS[1])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
 redis.call('HDEL', KEYS[1], 'result', 'not_before')
@@ -42,19 +45,22 @@ else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
 
 -- name: renew
--- ARGV: injected_now, ttl, then (owner, token) per KEYS[i] (KEYS are lease hashes only)
+-- KEYS[1]: the running index, then one lease hash per lease; ARGV: injected_now, ttl, then
+-- (owner, token) per lease.
 local t = now(ARGV[1])
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 2, #KEYS do
+  local key, n = KEYS[i], i - 1
   local state, owner, token, expires_at = unpack(redis.call(
     'HMGET', key, 'state', 'owner', 'token', 'expires_at'))
-  if state == 'running' and owner == ARGV[1 + 2 * i] and token == ARGV[2 + 2 * i]
+  if state == 'running' and owner == ARGV[1 + 2 * n] and token == ARGV[2 + 2 * n]
       and tonumber(expires_at) > t then
     local deadline = fmt(t + tonumber(ARGV[2]))
     redis.call('HSET', key, 'expires_at', deadline, 'updated_at', fmt(t))
-    out[i] = deadline
+    redis.call('ZADD', KEYS[1], tonumber(deadline), key)
+    out[n] = deadline
   else
-    out[i] = ''
+    out[n] = ''
   end
 end
 return out
@@ -70,6 +76,7 @@ if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
+redis.call('ZREM', KEYS[2], KEYS[1])
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[6])
 else redis.call('HDEL', KEYS[1], 'reason') end
@@ -79,9 +86,11 @@ end
 return 1
 
 -- name: force_release
--- An operator's override: running -> ready whoever holds it. ARGV: injected_now, reason
+-- An operator's override: running -> ready whoever holds it. KEYS: lease hash, running index.
+-- ARGV: injected_now, reason
 local t = now(ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+redis.call('ZREM', KEYS[2], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'ready', 'expires_at', fmt(t), 'updated_at', fmt(t),
            'reason', ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before')
@@ -96,22 +105,35 @@ redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
 redis.call('HDEL', KEYS[1], 'not_before')
 return 1
 
--- name: sweep_mark
--- Mark one expired generation as re-published (once per token). ARGV: injected_now
+-- name: sweep
+-- Mark the expired generations found in the running index (once per token), at most ARGV[2];
+-- each leaves the index (a later claim puts the key back). KEYS[1]: the running index.
 local t = now(ARGV[1])
-local state, expires_at, token, swept, task = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'expires_at', 'token', 'swept_token', 'task'))
-if state ~= 'running' or tonumber(expires_at) > t or not task or swept == token then
-  return 0
+local marked = {}
+for _, hash in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', t, 'LIMIT', 0,
+                                 tonumber(ARGV[2]))) do
+  local state, expires_at, token, swept, task = unpack(redis.call(
+    'HMGET', hash, 'state', 'expires_at', 'token', 'swept_token', 'task'))
+  if state == 'running' and tonumber(expires_at) > t then
+    redis.call('ZADD', KEYS[1], tonumber(expires_at), hash)  -- renewed meanwhile: keep it
+  else
+    redis.call('ZREM', KEYS[1], hash)
+    if state == 'running' and task and swept ~= token then
+      redis.call('HSET', hash, 'swept_token', token)
+      table.insert(marked, hash)
+    end
+  end
 end
-redis.call('HSET', KEYS[1], 'swept_token', token)
-return 1
+return marked
 
 -- name: sweep_unmark
 -- The re-publish failed: let the next sweep try this expired generation again.
--- ARGV: injected_now, token
-if redis.call('HGET', KEYS[1], 'swept_token') ~= ARGV[2] then return 0 end
+-- KEYS: lease hash, running index. ARGV: injected_now, token
+local state, swept, expires_at = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'swept_token', 'expires_at'))
+if swept ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], 'swept_token')
+if state == 'running' then redis.call('ZADD', KEYS[2], tonumber(expires_at), KEYS[1]) end
 return 1
 
 -- name: purge_old
@@ -125,11 +147,13 @@ return 0
 
 -- name: purge
 -- Delete the hash unless a live lease holds it; the token counter (KEYS[2]) stays.
+-- KEYS[3]: the running index.
 local t = now(ARGV[1])
 local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
 if not state or (state == 'running' and tonumber(expires_at) > t) then
   return 0
 end
+redis.call('ZREM', KEYS[3], KEYS[1])
 return redis.call('DEL', KEYS[1])
 
 -- name: effect_insert
