@@ -105,6 +105,13 @@ class Effects:
                 return receipt.result
             if receipt.state is EffectState.NEEDS_RECONCILIATION:
                 raise self._unknown(receipt)
+            if lease is not None and (receipt.lease_key, receipt.lease_token,
+                                      receipt.lease_owner) == (lease.key, lease.token,
+                                                               lease.owner):
+                # An in-flight receipt of this very lease that this call did not see created:
+                # the driver re-sent our insert after losing its reply, and the first send won.
+                # (One execution must not run once() for one key from two threads at once.)
+                return self._perform(key, fn, version=receipt.version, digest=digest)
             if self._attempt_alive(receipt, in_flight_timeout):
                 left = give_up_at - time.monotonic()
                 if left > 0:

@@ -569,3 +569,17 @@ def test_payload_with_a_lone_surrogate_is_not_serializable() -> None:
     permanent error for the policy), not a raw UnicodeEncodeError."""
     with pytest.raises(PayloadNotSerializable):
         fingerprint({"text": "\ud800"})
+
+
+def test_an_insert_whose_reply_was_lost_is_recognised_as_ours(
+        stores: list[Store], target: Target) -> None:
+    """The driver re-sends the receipt insert after losing the reply of a first send that won:
+    the store answers "exists". The in-flight receipt carries this very lease, so ``once``
+    performs the action (once) instead of treating its own receipt as a live rival."""
+    d, _ = stores
+    lease = _claim(d, "job:42", "worker-d")
+    assert d.effect_insert(KEY, fingerprint(PAYLOAD), lease) is True  # the first send
+    assert d.effects.once(KEY, PAYLOAD, target.fn(PAYLOAD), lease=lease) == {
+        "receipt_id": "r-1", "key": KEY}
+    assert target.keys() == [KEY]
+    assert _receipt(d).state is EffectState.DONE

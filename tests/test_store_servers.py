@@ -547,3 +547,20 @@ def test_postgres_write_whose_reply_is_lost_is_not_reported_as_refused(
             assert (outcome.token, outcome.expires_at) == (record.token, record.expires_at)
         else:
             assert outcome is True, f"{op} reported refused; the row is {record}"
+
+
+def test_postgres_sweep_whose_reply_is_lost_still_reports_the_marked_lease(
+    pg_proxy: tuple[str, ReplyDroppingProxy]
+) -> None:
+    """The sweep's marks commit but its reply is lost; the re-sent sweep finds nothing left to
+    mark. The expired lease must still be reported (to be re-published), not dropped for good."""
+    url, proxy = pg_proxy
+    clock = [100.0]
+    task = {"task": "proj.t", "args": [], "kwargs": {}, "options": {"task_id": "t-1"}}
+    with open_store(url, clock=lambda: clock[0]) as store:
+        assert store.claim("report:swept", owner="w", ttl=10, task=task) is not None
+        clock[0] = 110.0
+        proxy.drop_reply_to(b"SET swept_token")
+        swept = store.sweep_expired()
+        assert proxy.dropped == 1, "the reply was not dropped"
+        assert [r.key for r in swept] == ["report:swept"]

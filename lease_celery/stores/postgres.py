@@ -277,7 +277,15 @@ class PostgresStore(Store):
 
     def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
         params = self._params(limit=check_limit(limit))
-        rows = self._run(lambda conn: conn.execute(self._q["sweep"], params).fetchall())
+
+        def sweep(conn: psycopg.Connection[Any]) -> list[Any]:
+            return conn.execute(self._q["sweep"], params).fetchall()
+
+        def swept_already(rows: list[Any]) -> list[Any]:
+            return rows or self._run(
+                lambda conn: conn.execute(self._q["swept_already"], params).fetchall())
+
+        rows = self._run(sweep, if_resent=swept_already)
         return [record for (key,) in rows if (record := self.get(key)) is not None]
 
     def purge(self, key: str) -> bool:

@@ -206,6 +206,15 @@ WHERE l.key = candidates.key AND l.state = 'running' AND l.expires_at <= clock.n
   AND l.swept_token IS DISTINCT FROM l.token
 RETURNING l.key
 
+-- name: swept_already
+-- After a re-sent sweep (the first send's reply was lost, its marks committed): the expired
+-- generations already marked. Re-publishing one twice is harmless; never re-publishing is not.
+SELECT l.key FROM {schema}.lease_celery_leases AS l
+WHERE l.state = 'running' AND l.task IS NOT NULL AND l.swept_token = l.token
+  AND l.expires_at <= COALESCE(%(now)s::double precision,
+                               extract(epoch FROM clock_timestamp())::double precision)
+ORDER BY l.expires_at LIMIT %(limit)s
+
 -- name: sweep_unmark
 -- The re-publish failed: let the next sweep try this expired generation again.
 UPDATE {schema}.lease_celery_leases SET swept_token = NULL
