@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .stores.base import Store, decode_task, encode_task, open_store
+from .stores.base import Store, open_store
 
 __all__ = ["body_signature", "republish", "shared_store", "task_info"]
 
@@ -28,16 +28,16 @@ def shared_store(url: str) -> Store:
         return store
 
 
-def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
-    """The delivery as a JSON signature (task, args, kwargs, id, routing, links), or None.
+def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+    """The delivery as a signature (task, args, kwargs, id, routing, links) for the lease row.
 
-    ``None`` when the arguments cannot be encoded (then only the broker can redeliver it).
+    The store keeps it as kombu JSON, or nothing when the arguments cannot be encoded (then
+    only the broker can redeliver the task).
     """
     signature = dict(task.signature_from_request(request, args, kwargs))
     options = {k: v for k, v in signature.get("options", {}).items() if v is not None}
     signature["options"] = options
-    text = encode_task(signature)  # what the store will hold; None if it cannot
-    return None if text is None else decode_task(text)
+    return signature
 
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:
