@@ -7,13 +7,23 @@ requeue) and re-publishing it (deferral of a duplicate, store outage, recovery).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery import states
+from celery.app.task import get_actual_ignore_result
+from celery.backends.base import DisabledBackend
+from celery.exceptions import Reject
+
+from .models import LeaseRecord
 from .stores.base import Store, open_store
 
-__all__ = ["body_signature", "republish", "shared_store", "task_info"]
+__all__ = ["body_signature", "republish", "republish_later", "result_missing", "shared_store",
+           "task_info"]
+
+logger = logging.getLogger(__name__)
 
 _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
@@ -38,6 +48,38 @@ def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]
     options = {k: v for k, v in signature.get("options", {}).items() if v is not None}
     signature["options"] = options
     return signature
+
+
+def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None:
+    """Publish the current delivery again (same id, arguments, links) to run in ``countdown``.
+
+    No "expires" on the copy: it shares the task id with the live (or finished) run, and
+    Celery would mark that id REVOKED when an expired copy arrives. When the broker cannot take
+    it, the delivery is handed back (``Reject(requeue=True)``) rather than acked and lost.
+    """
+    request = task.request
+    try:
+        task.signature_from_request(request, args, kwargs, countdown=countdown,
+                                    expires=None).apply_async()
+    except Exception as exc:
+        logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
+        raise Reject(exc, requeue=True) from exc
+
+
+def result_missing(task: Any, record: LeaseRecord) -> bool:
+    """Did the accepted run of *this* task id die between its finish and Celery's result
+    write? Then this redelivery completes it: result stored, callbacks sent, once."""
+    request = task.request
+    options = (record.task or {}).get("options") or {}
+    if (request.is_eager or request.called_directly or options.get("task_id") != request.id
+            or get_actual_ignore_result(task, request)
+            or isinstance(task.backend, DisabledBackend)):
+        return False
+    try:
+        return bool(task.backend.get_state(request.id) != states.SUCCESS)
+    except Exception:  # no answer from the backend: do not risk running callbacks twice
+        logger.warning("lease %s: result backend unavailable; duplicate ignored", record.key)
+        return False
 
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:

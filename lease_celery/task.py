@@ -16,14 +16,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task, states
-from celery.app.task import get_actual_ignore_result
-from celery.backends.base import DisabledBackend
+from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 # metrics and worker: imported for their signal wiring, done once per process.
 from . import metrics, signals, worker  # noqa: F401
-from .delivery import body_signature, shared_store, task_info
+from .delivery import body_signature, republish_later, result_missing, shared_store, task_info
 from .errors import (
     LeaseDead,
     LeaseError,
@@ -36,7 +34,7 @@ from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
 from .keys import KeySpec, check_key_spec, resolve_key
-from .models import Lease, LeaseRecord, LeaseState
+from .models import Lease, LeaseState
 from .policy import Outcome
 from .settings import LeaseSettings, resolve_settings
 from .stores.base import Store, check_ttl
@@ -188,7 +186,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             record = store.get(key)
             if record is None:
                 continue  # purged between our claim and our look: claim again
-            if record.state is LeaseState.DONE and self._result_missing(record):
+            if record.state is LeaseState.DONE and result_missing(self, record):
                 logger.warning("lease %s is done but the result backend has no result for "
                                "task %s (its worker died in between): completing it with the "
                                "accepted result", key, self.request.id)
@@ -216,21 +214,6 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Lost the race several times in a row (expiries and takeovers crossing ours).
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
-
-    def _result_missing(self, record: LeaseRecord) -> bool:
-        """Did the accepted run of *this* task id die between its finish and Celery's result
-        write? Then this redelivery completes it: result stored, callbacks sent, once."""
-        request = self.request
-        options = (record.task or {}).get("options") or {}
-        if (request.is_eager or request.called_directly or options.get("task_id") != request.id
-                or get_actual_ignore_result(self, request)
-                or isinstance(self.backend, DisabledBackend)):
-            return False
-        try:
-            return bool(self.backend.get_state(request.id) != states.SUCCESS)
-        except Exception:  # no answer from the backend: do not risk running callbacks twice
-            logger.warning("lease %s: result backend unavailable; duplicate ignored", record.key)
-            return False
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
                sent_at: float) -> LeaseHandle:
@@ -264,15 +247,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Jitter spreads duplicates so they do not all come back in the same instant.
         countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
         countdown += random.uniform(0, settings.ttl / 10)
-        # No "expires" on the copy: it shares the task id with the live (or finished) run, and
-        # Celery would mark that id REVOKED when an expired copy arrives.
-        try:
-            self.signature_from_request(request, args, kwargs, countdown=countdown,
-                                        expires=None).apply_async()
-        except Exception as exc:  # the broker is unreachable: hand the message back instead
-            logger.warning("delivery %s of %s could not be deferred (%r): requeued", request.id,
-                           key, exc)
-            raise Reject(exc, requeue=True) from exc
+        republish_later(self, args, kwargs, countdown)
         logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
                                         reason=why)
