@@ -83,21 +83,23 @@ def stores(store_url: str, clock: ManualClock) -> Iterator[list[Store]]:
         store.close()
 
 
+def fresh_store_url(request: pytest.FixtureRequest, kind: str) -> str:
+    """A fresh, isolated store URL of ``kind`` (sqlite, postgres or redis) for this test."""
+    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url"}[kind]
+    url: str = request.getfixturevalue(name)
+    return url
+
+
 @pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest) -> str:
     """The same test body against every store: a fresh, isolated store URL of each kind."""
-    url: str = request.getfixturevalue(f"{request.param}_url" if request.param != "redis"
-                                       else "redis_store_url")
-    return url
+    return fresh_store_url(request, request.param)
 
 
 @pytest.fixture
 def worker_store(request: pytest.FixtureRequest) -> str:
     """The lease store the workers share: SQLite unless the test parametrizes it indirectly."""
-    kind = getattr(request, "param", "sqlite")
-    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url"}[kind]
-    url: str = request.getfixturevalue(name)
-    return url
+    return fresh_store_url(request, getattr(request, "param", "sqlite"))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from lease_celery import LeaseState, Store, open_store
+from tests.conftest import fresh_store_url
 from tests.policy_helpers import (
     CELERY,
     PYTHON_M,
@@ -33,10 +34,7 @@ Cli = Callable[..., CompletedProcess[str]]
 @pytest.fixture
 def lease_url(request: pytest.FixtureRequest) -> str:
     """The store the commands act on: SQLite, unless parametrized indirectly with another."""
-    kind = getattr(request, "param", "sqlite")
-    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url"}[kind]
-    url: str = request.getfixturevalue(name)
-    return url
+    return fresh_store_url(request, getattr(request, "param", "sqlite"))
 
 
 @pytest.fixture
