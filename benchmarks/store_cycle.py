@@ -72,7 +72,8 @@ def raw_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
         conn.execute("COMMIT")
         conn.execute("BEGIN IMMEDIATE")
         cur = conn.execute(q["finish"], {"key": key, "owner": "bench", "token": token,
-                                         "now": time.time(), "result": json.dumps(RESULT)})
+                                         "now": time.time(), "result": json.dumps(RESULT),
+                                         "settle_deadline": None})
         assert cur.rowcount == 1
         conn.execute("COMMIT")
 
@@ -94,7 +95,8 @@ def raw_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
                                         "task": None, "nonce": uuid.uuid4().hex}).fetchone()
         assert row is not None
         done = conn.execute(q["finish"], {"key": key, "owner": "bench", "token": row[0],
-                                          "now": None, "result": json.dumps(RESULT)}).fetchone()
+                                          "now": None, "result": json.dumps(RESULT),
+                                          "settle_within": None}).fetchone()
         assert done is not None
 
     return cycle, conn.close
@@ -106,7 +108,7 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     scripts = load_queries("redis", ".lua")
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     claim = client.register_script(scripts["clock"] + "\n" + scripts["claim"])
-    finish = client.register_script(scripts["clock"] + "\n" + scripts["settle"])
+    finish = client.register_script(scripts["clock"] + "\n" + scripts["fenced_write"])
     prefix = url.split("prefix=")[1]
     run = uuid.uuid4().hex[:8]
 
@@ -115,7 +117,7 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
                 f"{prefix}running"]
         token, *_ = claim(keys=keys, args=["", "bench", repr(TTL), "", uuid.uuid4().hex])
         assert finish(keys=[keys[0], keys[3]], args=["", "bench", token, "done",
-                                                     json.dumps(RESULT), "", "0.0"])
+                                                     json.dumps(RESULT), "", "0.0", ""])
 
     return cycle, client.close
 

@@ -1,7 +1,9 @@
 """What lease_celery needs to know about, and do with, a Celery delivery.
 
 Recording a delivery on the lease row (so it can be re-published without its message: sweeper,
-requeue) and re-publishing it (deferral of a duplicate, store outage, recovery).
+requeue) and re-publishing it (deferral of a duplicate, store outage, recovery). Whether a task
+finished is never asked of the result backend (``rpc://`` answers PENDING inside a worker):
+the lease row is the record (see ``settle``).
 """
 
 from __future__ import annotations
@@ -12,16 +14,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import states
-from celery.app.task import get_actual_ignore_result
-from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject
 
-from .models import LeaseRecord
 from .stores.base import Store, open_store
 
-__all__ = ["body_signature", "republish", "republish_later", "result_missing", "shared_store",
-           "task_info"]
+__all__ = ["body_signature", "republish", "republish_later", "shared_store", "task_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,22 +61,6 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
     except Exception as exc:
         logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
         raise Reject(exc, requeue=True) from exc
-
-
-def result_missing(task: Any, record: LeaseRecord) -> bool:
-    """Did the accepted run of *this* task id die between its finish and Celery's result
-    write? Then this redelivery completes it: result stored, callbacks sent, once."""
-    request = task.request
-    options = (record.task or {}).get("options") or {}
-    if (request.is_eager or request.called_directly or options.get("task_id") != request.id
-            or get_actual_ignore_result(task, request)
-            or isinstance(task.backend, DisabledBackend)):
-        return False
-    try:
-        return bool(task.backend.get_state(request.id) != states.SUCCESS)
-    except Exception:  # no answer from the backend: do not risk running callbacks twice
-        logger.warning("lease %s: result backend unavailable; duplicate ignored", record.key)
-        return False
 
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:

@@ -37,6 +37,9 @@ class LeaseHandle:
         self._lost_reason: str | None = None
         self.closed = False  # set when the task stops heartbeating it (finish, release)
         self.body_duration = 0.0  # seconds the task body ran (set when it returns)
+        # The key is done (or dead) under this lease, and Celery has yet to store the outcome:
+        # the heartbeat keeps the settle deadline alive until the owner confirms (settle.py).
+        self.settling = False
 
     # -- what the task body reads ---------------------------------------------------------
 

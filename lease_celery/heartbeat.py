@@ -4,6 +4,11 @@ Started lazily by the first claim in a process, so under prefork it lives in the
 runs the tasks, never in the parent before fork. A refused renewal marks the handle lost at
 once; a store that cannot be reached is retried until the lease's local deadline passes, and
 then the handle is marked lost too: the heartbeat never assumes it still holds a lease.
+
+It also ends settle phases: once Celery stored a task's outcome, the owner's confirmation is
+queued here and sent in batches (``settle_many``), so the task's own path pays no extra round
+trip. Until then the settling lease is renewed like a running one, so a slow result backend
+does not look like a dead owner.
 """
 
 from __future__ import annotations
@@ -48,12 +53,15 @@ class Heartbeat:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._handles: set[LeaseHandle] = set()
+        self._to_settle: list[LeaseHandle] = []
+        self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
         self._thread.start()
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
+            handle.closed = False
             self._handles.add(handle)
             self._wake.notify()
 
@@ -61,6 +69,20 @@ class Heartbeat:
         with self._wake:
             handle.closed = True
             self._handles.discard(handle)
+
+    def settle(self, handle: LeaseHandle) -> None:
+        """Celery stored this execution's outcome: stop renewing, and confirm it soon."""
+        with self._wake:
+            handle.closed = True
+            self._handles.discard(handle)
+            self._to_settle.append(handle)
+            self._wake.notify()
+
+    def flush_settles(self) -> None:
+        """Send the queued confirmations now, in the calling thread (the process is going)."""
+        with self._wake:
+            pending, self._to_settle = self._to_settle, []
+        self._send_settles(pending)
 
     def release_all(self, reason: str) -> int:
         """Give back every lease still watched (the process is going away); return how many."""
@@ -80,22 +102,58 @@ class Heartbeat:
                                handle.key, exc)
         return released
 
-    def _due(self) -> list[LeaseHandle]:
-        """Wait until some handle is due for renewal (or lost by deadline); return those."""
+    def _due(self) -> tuple[list[LeaseHandle], list[LeaseHandle]]:
+        """Wait until some handle is due for renewal (or a confirmation is queued); return the
+        handles to renew and those to settle."""
         with self._wake:
             while True:
                 now = time.monotonic()
-                if self._handles:
-                    due = [h for h in self._handles if h.next_renewal_at <= now]
-                    if due:
-                        return due
-                    self._wake.wait(min(h.next_renewal_at for h in self._handles) - now)
+                settles: list[LeaseHandle] = []
+                if self._to_settle and now >= self._settle_after:
+                    settles, self._to_settle = self._to_settle, []
+                due = [h for h in self._handles if h.next_renewal_at <= now]
+                if due or settles:
+                    return due, settles
+                wake_at = [h.next_renewal_at for h in self._handles]
+                if self._to_settle:
+                    wake_at.append(self._settle_after)
+                self._wake.wait(min(wake_at) - now if wake_at else None)
+
+    def _send_settles(self, handles: list[LeaseHandle]) -> None:
+        """Confirm settled outcomes, one round trip per store; a store that fails is retried
+        shortly while the settle deadline lasts (past it, a redelivery completes the key)."""
+        groups: dict[Store, list[LeaseHandle]] = defaultdict(list)
+        for handle in handles:
+            groups[handle.store].append(handle)
+        for store, group in groups.items():
+            try:
+                answers = store.settle_many([h.lease for h in group])
+            except LeaseError as exc:
+                now = time.monotonic()
+                retry = [h for h in group if now < h.local_deadline]
+                logger.warning("lease settle confirmation failed (%s); %d retried", exc,
+                               len(retry))
+                with self._wake:
+                    self._to_settle += retry
+                    self._settle_after = now + RETRY_AFTER_ERROR
+                continue
+            for handle, settled in zip(group, answers, strict=True):
+                if settled:
+                    signals.lease_settled.send(sender=handle.task, key=handle.key,
+                                               lease=handle.lease)
                 else:
-                    self._wake.wait()
+                    logger.warning("lease %s token %s: settle refused (completed by another "
+                                   "delivery after the settle deadline)", handle.key,
+                                   handle.token)
 
     def _run(self) -> None:
         while True:
-            due = self._due()
+            due, settles = self._due()
+            if settles:
+                try:
+                    self._send_settles(settles)
+                except Exception:  # never let the thread die
+                    logger.exception("lease settle confirmation failed")
             groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
             for handle in due:
                 groups[handle.store, handle.ttl].append(handle)

@@ -26,6 +26,8 @@ COUNTERS: dict[str, str] = {
     "lease_renewed": "renewals",
     "lease_lost": "renew_failures",
     "lease_finished": "finished",
+    "lease_settled": "settled",
+    "settle_completed": "settles_completed",
     "lease_released": "releases",
     "lease_retry": "retries",
     "lease_dead": "dead_letters",

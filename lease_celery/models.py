@@ -62,6 +62,16 @@ class LeaseRecord:
     not_before: float | None = None
     reason: str | None = None
     task: dict[str, Any] | None = None
+    #: ``done``/``dead`` whose owner has not yet confirmed that Celery stored the outcome
+    #: (``expires_at`` is then the settle deadline).
+    settling: bool = False
+
+    @property
+    def task_id(self) -> str | None:
+        """The task id of the delivery that last claimed the key (while its task info is kept)."""
+        options = (self.task or {}).get("options") or {}
+        task_id = options.get("task_id")
+        return None if task_id is None else str(task_id)
 
     @classmethod
     def from_row(cls, row: Sequence[Any], *, result: Any, task: Any) -> LeaseRecord:
@@ -71,7 +81,8 @@ class LeaseRecord:
                    attempts=int(row[5]), result=result,
                    updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]),
                    takeovers=int(row[9]), not_before=None if row[10] is None else float(row[10]),
-                   reason=row[11], task=task)
+                   reason=row[11], task=task,
+                   settling=bool(row[13]) if len(row) > 13 else False)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from typing import Any
 
 from .errors import ConfigError, LeaseError
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
-from .stores.base import check_ttl, store_class
+from .stores.base import DEFAULT_SWEEP_GRACE, check_ttl, store_class
 
-__all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings"]
+__all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings",
+           "sweep_grace"]
 
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
@@ -32,6 +33,9 @@ class LeaseSettings:
     ttl: float
     heartbeat_interval: float
     policy: Policy = field(default_factory=lambda: Policy(3, 3, 1.0, 60.0))
+    #: Retry Celery's soft and hard time limits under the policy instead of ending the key
+    #: dead (one FAILURE, as Celery reports it).
+    retry_time_limits: bool = False
 
 
 def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
@@ -73,8 +77,23 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
         raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
+    retry_value, retry_source = _lookup(app, task, "lease_retry_time_limits")
+    if retry_value is not None and not isinstance(retry_value, bool):
+        raise ConfigError(f"lease_retry_time_limits ({retry_source}) must be True or False, "
+                          f"got {retry_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
-                         policy=_resolve_policy(app, task))
+                         policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value))
+
+
+def sweep_grace(app: Any) -> float:
+    """``lease_sweep_grace``: seconds between two re-publishes of one row by the sweeper."""
+    conf = getattr(app, "conf", None)
+    value = conf.get("lease_sweep_grace") if conf is not None else None
+    if value is None:
+        return DEFAULT_SWEEP_GRACE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"lease_sweep_grace must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def _resolve_policy(app: Any, task: Any) -> Policy:

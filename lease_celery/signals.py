@@ -25,8 +25,10 @@ __all__ = [
     "lease_released",
     "lease_renewed",
     "lease_retry",
+    "lease_settled",
     "lease_swept",
     "lease_taken_over",
+    "settle_completed",
     "stale_result_rejected",
 ]
 
@@ -36,6 +38,13 @@ lease_acquired = Signal(name="lease_acquired")
 lease_taken_over = Signal(name="lease_taken_over")
 #: The body finished and its result was accepted: ``lease``.
 lease_finished = Signal(name="lease_finished")
+#: Celery stored the accepted outcome (and sent callbacks); the owner confirmed it on the
+#: lease row, ending the settle phase: ``lease``.
+lease_settled = Signal(name="lease_settled")
+#: The owner of a finished key died before confirming that Celery stored the outcome; this
+#: delivery (same task id) completes it: result or failure stored, callbacks sent with the
+#: same ids: ``lease``, ``state`` (``done`` or ``dead``).
+settle_completed = Signal(name="settle_completed")
 #: A failed attempt released the key with a backoff and was retried: ``reason``, ``countdown``.
 lease_retry = Signal(name="lease_retry")
 #: The failure policy gave up: the key is dead (a dead letter) until requeued: ``reason``.

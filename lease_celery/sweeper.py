@@ -1,12 +1,19 @@
-"""Recovery that does not wait on the broker: re-publish tasks whose lease expired.
+"""Recovery that does not wait on the broker: re-publish every row nobody else will run.
 
 When a whole worker host dies, Redis hands its unacked message out again only after the
 visibility timeout (default 1 h) plus kombu's restore sweep; RabbitMQ after the connection
-drops or ``consumer_timeout``. The lease row knows sooner: a running row whose lease expired
-without renewal belongs to a dead (or stalled) owner. The sweeper marks each such expired
-generation once (a conditional write, so concurrent sweepers never double it) and re-publishes
-the task from what the row recorded. The broker's own later redelivery then finds the task
-done or running and is ignored or deferred.
+drops or ``consumer_timeout``; with early acks, never. The lease row knows sooner. No orphan:
+every row that is not terminal is re-published when nobody will run it otherwise:
+
+- ``running`` with an expired lease: its owner died or stalled;
+- settling past its settle deadline: its owner died before Celery stored the outcome (the
+  re-published delivery completes it: result and callbacks, same ids);
+- ``ready`` and unclaimed ``lease_sweep_grace`` seconds after it became claimable: its retry
+  or re-published message was lost.
+
+Each row is marked by a conditional write that leaves it alone for the grace period, so
+concurrent sweepers never double a re-publish, and a sweeper killed between its mark and its
+publish leaves a mark that expires. Re-publishing twice is harmless: the lease dedups it.
 
 Run it as the ``lease_celery.sweep`` task (beat), ``celery leases sweep`` (cron), or let each
 worker run it in a thread every ``lease_sweep_interval`` seconds (the default).
@@ -24,6 +31,7 @@ from . import signals
 from .delivery import republish
 from .errors import LeaseError
 from .models import LeaseRecord
+from .settings import sweep_grace
 from .stores.base import Store, open_store
 
 __all__ = ["SweeperThread", "leased_store_urls", "sweep", "sweep_app"]
@@ -31,9 +39,11 @@ __all__ = ["SweeperThread", "leased_store_urls", "sweep", "sweep_app"]
 logger = logging.getLogger(__name__)
 
 
-def sweep(app: Any, store: Store, *, limit: int = 100) -> list[LeaseRecord]:
-    """Re-publish the tasks of expired leases in ``store``; return their records."""
-    swept = store.sweep_expired(limit=limit)
+def sweep(app: Any, store: Store, *, limit: int = 100,
+          grace: float | None = None) -> list[LeaseRecord]:
+    """Re-publish the tasks of the rows in ``store`` that nobody will run otherwise; return
+    their records. ``grace`` defaults to the app's ``lease_sweep_grace``."""
+    swept = store.sweep_expired(limit=limit, grace=sweep_grace(app) if grace is None else grace)
     for record in swept:
         if record.task is None:
             continue
@@ -44,9 +54,10 @@ def sweep(app: Any, store: Store, *, limit: int = 100) -> list[LeaseRecord]:
                              "again", record.key)
             store.sweep_unmark(record.key, record.token)
             continue
-        logger.warning("lease %s (owner %s, token %s) expired without renewal: task %s "
-                       "re-published", record.key, record.owner, record.token,
-                       record.task.get("options", {}).get("task_id"))
+        logger.warning("lease %s (%s%s, owner %s, token %s): nobody will run it; task %s "
+                       "re-published", record.key, record.state.value,
+                       ", settling" if record.settling else "", record.owner, record.token,
+                       record.task_id)
         signals.lease_swept.send(sender=app, key=record.key, record=record)
     return swept
 

@@ -7,6 +7,7 @@ call ``self.run`` ourselves, never ``super().__call__``, which would push a fres
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -17,11 +18,11 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
-# metrics and worker: imported for their signal wiring, done once per process.
-from . import metrics, signals, worker  # noqa: F401
-from .delivery import body_signature, republish_later, result_missing, shared_store, task_info
+# metrics, timelimits and worker: imported for their signal wiring, done once per process.
+from . import metrics, signals, timelimits, worker  # noqa: F401
+from .delivery import body_signature, republish_later, shared_store, task_info
 from .errors import (
     LeaseDead,
     LeaseError,
@@ -34,9 +35,10 @@ from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .identity import process_owner
 from .keys import KeySpec, check_key_spec, resolve_key
-from .models import Lease, LeaseState
+from .models import Lease, LeaseRecord, LeaseState
 from .policy import Outcome
 from .settings import LeaseSettings, resolve_settings
+from .settle import confirm_stored, freeze_links
 from .stores.base import Store, check_ttl
 
 __all__ = ["LeasedTask"]
@@ -48,12 +50,18 @@ CLAIM_ROUNDS = 3
 #: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
 STORE_RETRY_DELAY = 5.0
 
-class _AcceptedResult(Exception):  # control flow only: never escapes the gate
-    """Raised by the claim when this delivery should complete with the accepted result."""
+class _Completion(Exception):  # control flow only: never escapes the gate
+    """Raised by the claim when this delivery completes a key whose owner died settling it."""
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, handle: LeaseHandle, record: LeaseRecord) -> None:
         super().__init__()
-        self.result = result
+        self.handle, self.record = handle, record
+
+    def outcome(self) -> Any:
+        """The accepted outcome, for Celery to store and pass to the callbacks again."""
+        if self.record.state is LeaseState.DEAD:
+            raise LeaseDead(f"lease {self.record.key!r} is dead: {self.record.reason}")
+        return self.record.result
 
 
 class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type information
@@ -64,7 +72,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     ``lease_key``
         ``"report:{report_id}"`` (format string over the arguments), a callable, or ``None``
         (the task id).
-    ``lease_ttl``, ``lease_heartbeat_interval``, ``lease_store_url``
+    ``lease_ttl``, ``lease_heartbeat_interval``, ``lease_store_url``,
+    ``lease_retry_time_limits``
         Override the ``lease_*`` Celery settings for this task.
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.handle.LeaseHandle`
@@ -75,6 +84,7 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     lease_ttl: ClassVar[float | None] = None
     lease_heartbeat_interval: ClassVar[float | None] = None
     lease_store_url: ClassVar[str | None] = None
+    lease_retry_time_limits: ClassVar[bool | None] = None
 
     _lease_settings: ClassVar[LeaseSettings | None] = None
 
@@ -93,6 +103,9 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             value = cls.__dict__.get(name)
             if value is not None:
                 check_ttl(value, name=f"{name} of {where}")
+        own = cls.__dict__.get("after_return")
+        if own is not None and not getattr(own, "_lease_settles", False):
+            cls.after_return = _settling_after_return(own)  # type: ignore[method-assign]
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -128,6 +141,15 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """The store this task's leases live in (one per process per URL)."""
         return shared_store(self.lease_settings.store_url)
 
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any,
+                     einfo: Any) -> None:
+        """Celery stored the outcome (and sent the callbacks): end the settle phase.
+
+        A subclass's own ``after_return`` is wrapped so that this runs first, whether or not
+        it calls ``super()``.
+        """
+        confirm_stored(getattr(self.request, "lease", None), status)
+
     # -- the gate ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -149,16 +171,20 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # lease too, on a key of its own unless lease_key names one.
         task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
+        heartbeat = Heartbeat.for_process()
         try:
             handle = self._claim(store, key, settings, args, kwargs)
         except StoreError as exc:
             # The store cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"the lease store failed ({exc})", eager_error=exc)
-        except _AcceptedResult as accepted:
-            return accepted.result
+        except _Completion as completion:
+            request.lease = completion.handle
+            heartbeat.watch(completion.handle)  # renews the completer's settle deadline
+            freeze_links(request)
+            return completion.outcome()
         request.lease = handle
-        heartbeat = Heartbeat.for_process()
+        freeze_links(request)
         heartbeat.watch(handle)
         started = time.monotonic()
         try:
@@ -167,9 +193,8 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
             raise
-        heartbeat.unwatch(handle)
         handle.body_duration = time.monotonic() - started
-        return self._finish(handle, result, settings, args, kwargs)
+        return self._finish(handle, result, settings, args, kwargs, heartbeat)
 
     # -- before the body --------------------------------------------------------------------
 
@@ -186,11 +211,10 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             record = store.get(key)
             if record is None:
                 continue  # purged between our claim and our look: claim again
-            if record.state is LeaseState.DONE and result_missing(self, record):
-                logger.warning("lease %s is done but the result backend has no result for "
-                               "task %s (its worker died in between): completing it with the "
-                               "accepted result", key, self.request.id)
-                raise _AcceptedResult(record.result)
+            if (record.settling and record.task_id == self.request.id
+                    and self._settle_within(settings) is not None):
+                self._complete(store, record, owner, settings, args, kwargs)
+                continue  # another delivery took the settlement first: look again
             if record.state in (LeaseState.DONE, LeaseState.DEAD):
                 logger.info("lease %s is %s (token %s): delivery %s ignored",
                             key, record.state.value, record.token, self.request.id)
@@ -214,6 +238,38 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         # Lost the race several times in a row (expiries and takeovers crossing ours).
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
+
+    def _complete(self, store: Store, record: LeaseRecord, owner: str,
+                  settings: LeaseSettings, args: Any, kwargs: Any) -> None:
+        """This very task id is done (or dead) and still settling: Celery may not have stored
+        its outcome. While its owner's settle deadline lasts, the owner is alive and settles it:
+        come back after the deadline. Past it, the owner is gone: take the settlement over and
+        complete the key (raises ``_Completion``); returns if another delivery took it first."""
+        remaining = (record.expires_at or 0.0) - store.now()
+        if remaining > 0:
+            settling = LeaseHeld(f"lease {record.key!r} is {record.state.value}; its owner "
+                                 f"{record.owner} settles it for another {remaining:.1f}s")
+            self._defer(record.key, remaining, settings, args, kwargs, holder=record.owner,
+                        why=str(settling), eager_error=settling)
+        lease = store.claim_settlement(record.key, owner=owner, ttl=settings.ttl)
+        if lease is None:
+            return
+        logger.warning("lease %s is %s but its owner %s died before Celery stored the outcome:"
+                       " delivery %s completes it (token %s)", record.key, record.state.value,
+                       record.owner, self.request.id, lease.token)
+        signals.settle_completed.send(sender=self, key=record.key, lease=lease,
+                                      state=record.state.value)
+        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
+                             heartbeat_interval=settings.heartbeat_interval,
+                             sent_at=time.monotonic(), task=self)
+        handle.settling = True
+        raise _Completion(handle, record)
+
+    def _settle_within(self, settings: LeaseSettings) -> float | None:
+        """How long the owner has to confirm that Celery stored the outcome; None when no
+        worker stores it (an eager or direct call: the caller gets it straight away)."""
+        request = self.request
+        return None if request.is_eager or request.called_directly else settings.ttl
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
                sent_at: float) -> LeaseHandle:
@@ -256,18 +312,27 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     # -- after the body ---------------------------------------------------------------------
 
     def _finish(self, handle: LeaseHandle, result: Any, settings: LeaseSettings, args: Any,
-                kwargs: Any) -> Any:
+                kwargs: Any, heartbeat: Heartbeat) -> Any:
+        # Still watched: if the finish is accepted, the heartbeat renews the settle deadline
+        # until Celery has stored the result (after_return).
+        settle_within = self._settle_within(settings)
         try:
-            accepted = handle.store.finish(handle.lease, result)
+            accepted = handle.store.finish(handle.lease, result, settle_within=settle_within)
         except ResultNotSerializable as exc:
+            heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
             raise
         except StoreError as exc:
             # Not recorded, so not accepted: run again later rather than report an unfenced
             # success or fail and ack (which would lose the work).
+            heartbeat.unwatch(handle)
             self._release(handle, reason=f"finish failed in the lease store: {exc}")
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"finish failed in the lease store ({exc})", eager_error=exc)
+        if accepted and settle_within is not None:
+            handle.settling = True
+        else:
+            heartbeat.unwatch(handle)
         if not accepted:
             self._not_current(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
@@ -304,7 +369,18 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                           passing=True)
             return
         if isinstance(exc, LeaseLost) or handle.lost:
-            self._release(handle, reason=repr(exc))
+            # Never the task's failure. If the store still held the lease (lost only by this
+            # process's reckoning: renewal replies came back late), the release is accepted
+            # and the work runs again; if not, _release -> _not_current decides.
+            if self._release(handle, reason=repr(exc)):
+                self._defer(handle.key, 0.0, settings, self.request.args or (),
+                            self.request.kwargs or {}, eager_error=exc,
+                            why=f"lease lost before the store expired it: {exc}")
+            return
+        if isinstance(exc, SoftTimeLimitExceeded) and not settings.retry_time_limits:
+            # One FAILURE, as Celery reports it: a time limit is not a transient error (the
+            # same work would hit it again). lease_retry_time_limits opts into retrying.
+            self._kill(handle, f"soft time limit exceeded ({self._soft_limit()}s): {exc!r}")
             return
         autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
         outcome, reason = settings.policy.after_error(exc, attempts=attempts)
@@ -360,12 +436,23 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
         return False
 
+    def _soft_limit(self) -> Any:
+        limits = getattr(self.request, "timelimit", None) or (None, None)
+        return limits[1] or self.soft_time_limit or self.app.conf.task_soft_time_limit
+
     def _kill(self, handle: LeaseHandle, reason: str) -> None:
+        """Mark the key dead; the failure then settles like a finish (after_return)."""
+        settle_within = self._settle_within(self.lease_settings)
         try:
-            killed = handle.store.kill(handle.lease, reason=reason[:2000])
+            killed = handle.store.kill(handle.lease, reason=reason[:2000],
+                                       settle_within=settle_within)
         except StoreError:
             logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
             return
+        if killed and settle_within is not None:
+            handle.settling = True
+            self.request.lease = handle  # after_return finds it, even when the claim killed
+            Heartbeat.for_process().watch(handle)
         if killed:
             logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
                          handle.lease.attempts, reason)
@@ -404,3 +491,15 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
                                            reason=reason, hold_time=handle.held_for)
         raise Ignore()
+
+
+def _settling_after_return(own: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a subclass's ``after_return`` so the settle phase ends first, always."""
+
+    @functools.wraps(own)
+    def after_return(self: LeasedTask, status: str, *args: Any, **kwargs: Any) -> Any:
+        confirm_stored(getattr(self.request, "lease", None), status)
+        return own(self, status, *args, **kwargs)
+
+    after_return._lease_settles = True  # type: ignore[attr-defined]
+    return after_return

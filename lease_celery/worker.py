@@ -39,8 +39,12 @@ def release_held_leases(reason: str) -> int:
     if heartbeat is None:
         return 0
     released: list[int] = []
-    worker = threading.Thread(target=lambda: released.append(heartbeat.release_all(reason)),
-                              name="lease-release", daemon=True)
+
+    def give_back() -> None:
+        heartbeat.flush_settles()  # outcomes Celery stored: confirm them before going
+        released.append(heartbeat.release_all(reason))
+
+    worker = threading.Thread(target=give_back, name="lease-release", daemon=True)
     worker.start()
     worker.join(SHUTDOWN_RELEASE_TIMEOUT)
     return released[0] if released else 0

@@ -560,7 +560,46 @@ def test_postgres_sweep_whose_reply_is_lost_still_reports_the_marked_lease(
     with open_store(url, clock=lambda: clock[0]) as store:
         assert store.claim("report:swept", owner="w", ttl=10, task=task) is not None
         clock[0] = 110.0
-        proxy.drop_reply_to(b"SET swept_token")
+        proxy.drop_reply_to(b"SKIP LOCKED")
         swept = store.sweep_expired()
         assert proxy.dropped == 1, "the reply was not dropped"
         assert [r.key for r in swept] == ["report:swept"]
+
+
+def test_postgres_resent_sweep_reports_only_its_own_marks(
+    pg_proxy: tuple[str, ReplyDroppingProxy]
+) -> None:
+    """Issue 9 (re-publish storms): rows an earlier sweep already marked are not reported again
+    by a later sweep whose reply was lost and re-sent: only the rows that call marked."""
+    url, proxy = pg_proxy
+    clock = [100.0]
+    task = {"task": "proj.t", "args": [], "kwargs": {}, "options": {"task_id": "t-1"}}
+    with open_store(url, clock=lambda: clock[0]) as store:
+        for key in ("earlier:1", "earlier:2"):
+            assert store.claim(key, owner="w", ttl=10, task=task) is not None
+        clock[0] = 110.0
+        assert sorted(r.key for r in store.sweep_expired()) == ["earlier:1", "earlier:2"]
+        assert store.claim("later", owner="w", ttl=10, task=task) is not None
+        clock[0] = 120.0  # the earlier marks still hold (grace 60 s); "later" expired now
+        proxy.drop_reply_to(b"SKIP LOCKED")
+        swept = store.sweep_expired()
+        assert proxy.dropped == 1, "the reply was not dropped"
+        assert [r.key for r in swept] == ["later"]
+
+
+def test_postgres_settle_whose_reply_is_lost_is_still_reported_settled(
+    pg_proxy: tuple[str, ReplyDroppingProxy]
+) -> None:
+    """The owner's settle confirmation commits but its reply is lost: the re-sent one is
+    refused by the row (no longer settling), yet the owner is told it settled."""
+    url, proxy = pg_proxy
+    clock = [100.0]
+    with open_store(url, clock=lambda: clock[0]) as store:
+        lease = store.claim("settle:lost", owner="w", ttl=10)
+        assert lease is not None
+        assert store.finish(lease, {"n": 1}, settle_within=10)
+        proxy.drop_reply_to(b"SET settling = false")
+        assert store.settle_many([lease]) == [True]
+        assert proxy.dropped == 1, "the reply was not dropped"
+        record = store.get("settle:lost")
+        assert record is not None and not record.settling

@@ -41,10 +41,11 @@ def test_operator_release_during_the_body_reruns_the_task_instead_of_losing_it(
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5")
 def test_redelivery_completes_a_run_whose_result_never_reached_the_backend(
         workers: WorkerPool) -> None:
-    """The accepted run finished its lease (done, result recorded) but its worker died before
-    Celery wrote the result and sent the callbacks. The redelivery of that task id does not
-    run the body: it completes the task with the accepted result, and the link callback runs
-    once. A further redelivery, with the result now in the backend, is dropped."""
+    """The accepted run finished its lease (done, result recorded, settling) but its worker
+    died before Celery wrote the result and sent the callbacks, so it never confirmed. The
+    redelivery of that task id waits for the settle deadline, then, without running the body,
+    completes the task with the accepted result, and the link callback runs once. A further
+    redelivery finds the key settled and is dropped."""
     workers.start("a", concurrency=1)
     job, task_id = uuid.uuid4().hex[:10], str(uuid.uuid4())
     key = f"job:{job}"
@@ -53,7 +54,7 @@ def test_redelivery_completes_a_run_whose_result_never_reached_the_backend(
             "options": {"task_id": task_id}}
     with open_store(workers.store_url) as store:  # the dead worker's accepted run
         lease = store.claim(key, owner="dead-worker", ttl=30, task=info)
-        assert lease is not None and store.finish(lease, accepted)
+        assert lease is not None and store.finish(lease, accepted, settle_within=1)
     link = workers.client.signature(CALLBACK, args=(job,))
     result = workers.client.send_task(UNCHECKED, args=(job, 0.0), task_id=task_id, link=link)
     assert result.get(timeout=30) == accepted
@@ -62,6 +63,9 @@ def test_redelivery_completes_a_run_whose_result_never_reached_the_backend(
     workers.client.send_task(UNCHECKED, args=(job, 0.0), task_id=task_id, link=link)
     workers.journal.wait_for(lambda j: bool(j.events("duplicate_ignored", key=key)),
                              timeout=15, what="the second redelivery to be dropped")
+    with open_store(workers.store_url) as store:
+        record = store.get(key)
+    assert record is not None and not record.settling and record.result == accepted
     time.sleep(0.5)
     assert not workers.journal.events("body_start", job_id=job)
     assert len(workers.journal.events("callback", tag=job)) == 1

@@ -24,7 +24,8 @@ from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, Store
 if TYPE_CHECKING:
     from ..effects import Effects
 
-__all__ = ["MAX_KEY_LENGTH", "Clock", "Store", "encode_result", "open_store", "register_scheme"]
+__all__ = ["DEFAULT_SWEEP_GRACE", "MAX_KEY_LENGTH", "Clock", "Store", "encode_result",
+           "open_store", "register_scheme"]
 
 Clock = Callable[[], float]
 
@@ -33,6 +34,10 @@ MIN_SECONDS = 0.001
 
 #: Longest accepted lease key, in characters. Keys are identifiers, not payloads.
 MAX_KEY_LENGTH = 512
+
+#: Seconds a sweep leaves a row it re-published alone (and a ready row unclaimed before it is
+#: re-published): at most one re-publish per row per grace period.
+DEFAULT_SWEEP_GRACE = 60.0
 
 # scheme -> "module:Class", imported lazily so optional drivers stay optional.
 _SCHEMES: dict[str, str] = {
@@ -96,12 +101,43 @@ class Store(abc.ABC):
         return [self.renew(lease, ttl=ttl) for lease in leases]
 
     @abc.abstractmethod
-    def finish(self, lease: Lease, result: Any = None) -> bool:
+    def finish(self, lease: Lease, result: Any = None, *,
+               settle_within: float | None = None) -> bool:
         """Store ``result`` (JSON) and mark the key ``done`` if ``lease`` is still current.
 
         The fencing check (state, owner, token, ``expires_at > now``) and the write are one
         statement. Returns ``False`` and writes nothing when the lease is not current. A result
         that is not JSON raises ``ResultNotSerializable`` before anything is written.
+
+        ``settle_within``: the key is done but *settling*: Celery has yet to store the outcome
+        and send callbacks. ``expires_at`` becomes the settle deadline (now + settle_within),
+        which the owner may ``renew``; the owner confirms with :meth:`settle`. Past the
+        deadline unconfirmed, the owner is gone and a delivery completes the key
+        (:meth:`claim_settlement`). Without it the key is settled at once.
+        """
+
+    def settle(self, lease: Lease) -> bool:
+        """Confirm that the outcome ``lease`` finished (or killed) with has been stored by
+        Celery: the settle phase ends. False when ``lease`` no longer settles the key (someone
+        completed it meanwhile)."""
+        return self.settle_many([lease])[0]
+
+    @abc.abstractmethod
+    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """:meth:`settle` for several leases in one round trip; answers in order.
+
+        Each is one conditional write: the key is settling, with this owner and token. A
+        settled done row drops its task info (it will never be re-published).
+        """
+
+    @abc.abstractmethod
+    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        """Take over the settle phase of ``key`` whose deadline passed unconfirmed.
+
+        One conditional write: the key is settling and ``expires_at <= now``. The token stays
+        (the outcome is that generation's); the owner becomes ``owner`` with a new settle
+        deadline of now + ``ttl``, so exactly one delivery completes the key at a time. Returns
+        the lease to settle, or ``None``.
         """
 
     @abc.abstractmethod
@@ -114,8 +150,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def kill(self, lease: Lease, *, reason: str) -> bool:
-        """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current."""
+    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
+        """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current.
+
+        ``settle_within``: as for :meth:`finish`, the failure still has to reach Celery's
+        result backend (and errbacks); the owner confirms with :meth:`settle`.
+        """
 
     # -- operator actions: conditional on the row's state, not on a lease -------------------
 
@@ -148,15 +188,23 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def sweep_unmark(self, key: str, token: int) -> bool:
-        """Undo ``sweep_expired``'s mark on generation ``token`` (its re-publish failed)."""
+        """Undo ``sweep_expired``'s mark on generation ``token`` (its re-publish failed): the
+        next sweep returns the row again."""
 
     @abc.abstractmethod
-    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
-        """Mark and return running rows whose lease expired and that carry task info.
+    def sweep_expired(self, *, limit: int = 100,
+                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
+        """Mark and return the rows that carry task info and that nobody will run unless the
+        task is re-published:
 
-        Each expired generation (key + token) is returned to one caller only, once: the mark is
-        a conditional write. The caller re-publishes the task so recovery does not wait on the
-        broker's redelivery.
+        - ``running`` with an expired lease (its owner died or stalled);
+        - settling past the settle deadline (its owner died before confirming the outcome);
+        - ``ready`` and claimable for ``grace`` seconds without a claim (its message is lost).
+
+        The mark is a conditional write that leaves the row alone for ``grace`` seconds, so
+        concurrent sweepers never return a row twice within a grace period, and a sweeper that
+        dies between its mark and its re-publish leaves a mark that expires: the row is
+        returned again a grace period later. Reads only rows that are not terminal.
         """
 
     @abc.abstractmethod
@@ -329,6 +377,11 @@ def lease_params(lease: Lease | None) -> dict[str, Any]:
     if lease is None:
         return {"lease_key": None, "lease_token": None, "lease_owner": None}
     return {"lease_key": lease.key, "lease_token": lease.token, "lease_owner": lease.owner}
+
+
+def settle_deadline_offset(settle_within: float | None) -> float | None:
+    """``settle_within`` checked (None: settle at once)."""
+    return None if settle_within is None else check_ttl(settle_within, name="settle_within")
 
 
 def number_option(url: str, name: str, raw: str | None, default: float) -> float:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..errors import ConfigError, LeaseLost, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
+    DEFAULT_SWEEP_GRACE,
     Clock,
     Store,
     check_delay,
@@ -39,6 +40,7 @@ from .base import (
     lease_not_current,
     lease_params,
     number_option,
+    settle_deadline_offset,
 )
 from .queries import load_queries
 
@@ -54,7 +56,7 @@ __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 _INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
 
@@ -135,11 +137,17 @@ class PostgresStore(Store):
             conn.execute(self._q["create_fence"])
             conn.execute(self._q["create_meta"])
             row = conn.execute(self._q["get_schema_version"]).fetchone()
-            if row is None:
-                conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-            elif int(row[0]) > SCHEMA_VERSION:
+            version = None if row is None else int(row[0])
+            if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(f"postgres lease store at {self._where} has schema version "
-                                 f"{row[0]}, newer than this lease_celery ({SCHEMA_VERSION})")
+                                 f"{version}, newer than this lease_celery ({SCHEMA_VERSION})")
+            if version == SCHEMA_VERSION:
+                return  # no DDL: it would lock the table against running workers
+            if version is not None:  # schema 1: the settle phase and the sweeper's index
+                conn.execute(self._q["migrate_columns"])
+                conn.execute(self._q["migrate_fill_sweep_at"])
+            conn.execute(self._q["create_sweep_index"])
+            conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def close(self) -> None:
         with self._lock:
@@ -222,19 +230,58 @@ class PostgresStore(Store):
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         return self.renew_many([lease], ttl=ttl)[0]
 
-    def finish(self, lease: Lease, result: Any = None) -> bool:
+    def finish(self, lease: Lease, result: Any = None, *,
+               settle_within: float | None = None) -> bool:
         encoded = encode_result(result)
-        params = fence_params(lease)
-        return self._settle("finish", lease, LeaseState.DONE, result=encoded, **params)
+        return self._fenced_write("finish", lease, LeaseState.DONE, result=encoded,
+                                  settle_within=settle_deadline_offset(settle_within),
+                                  **fence_params(lease))
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
-        return self._settle("release", lease, LeaseState.READY, **fence_params(lease),
-                            delay=check_delay(delay), reason=reason)
+        return self._fenced_write("release", lease, LeaseState.READY, **fence_params(lease),
+                                  delay=check_delay(delay), reason=reason)
 
-    def kill(self, lease: Lease, *, reason: str) -> bool:
-        return self._settle("kill", lease, LeaseState.DEAD, **fence_params(lease), reason=reason)
+    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
+        return self._fenced_write("kill", lease, LeaseState.DEAD, **fence_params(lease),
+                                  reason=reason,
+                                  settle_within=settle_deadline_offset(settle_within))
 
-    def _settle(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
+    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        if not leases:
+            return []
+        params = [fence_params(lease) for lease in leases]
+        bound = self._params(keys=[p["key"] for p in params],
+                             owners=[p["owner"] for p in params],
+                             tokens=[p["token"] for p in params])
+
+        def settle(conn: psycopg.Connection[Any]) -> set[tuple[str, str, int]]:
+            rows = conn.execute(self._q["settle_many"], bound).fetchall()
+            return {(key, owner, int(token)) for key, owner, token in rows}
+
+        def settled_already(done: set[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
+            # Re-sent: the first send may have settled some; a settled row keeps its owner.
+            rows = self._run(lambda conn: conn.execute(
+                self._q["settled_by_owner"], bound).fetchall())
+            return done | {(key, owner, int(token)) for key, owner, token in rows}
+
+        settled = self._run(settle, if_resent=settled_already)
+        return [(lease.key, lease.owner, lease.token) in settled for lease in leases]
+
+    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        params = self._params(key=check_key(key), owner=check_owner(owner), ttl=check_ttl(ttl),
+                              nonce=uuid.uuid4().hex)
+
+        def claimed_by(row: Any) -> Any:
+            return row or self._run(lambda conn: conn.execute(
+                self._q["settlement_claimed_by"], params).fetchone())
+
+        row = self._run(lambda conn: conn.execute(
+            self._q["claim_settlement"], params).fetchone(), if_resent=claimed_by)
+        return None if row is None else Lease(
+            key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
+            takeovers=int(row[4]))
+
+    def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
         """A fenced write; a refusal of a re-sent copy is checked against the row."""
         bound = self._params(**params)
 
@@ -275,8 +322,10 @@ class PostgresStore(Store):
     def sweep_unmark(self, key: str, token: int) -> bool:
         return self._returns_row("sweep_unmark", key=check_key(key), token=token)
 
-    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
-        params = self._params(limit=check_limit(limit))
+    def sweep_expired(self, *, limit: int = 100,
+                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
+        params = self._params(limit=check_limit(limit), grace=check_delay(grace, name="grace"),
+                              nonce=uuid.uuid4().hex)
 
         def sweep(conn: psycopg.Connection[Any]) -> list[Any]:
             return conn.execute(self._q["sweep"], params).fetchall()

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..errors import ConfigError, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
+    DEFAULT_SWEEP_GRACE,
     Clock,
     Store,
     check_delay,
@@ -36,6 +37,7 @@ from .base import (
     fence_params,
     lease_not_current,
     lease_params,
+    settle_deadline_offset,
 )
 from .queries import load_queries
 
@@ -132,15 +134,18 @@ class RedisStore(Store):
         return Lease(key, owner, int(token), float(deadline), int(fence),
                      attempts=int(attempts), takeovers=int(takeovers))
 
-    def _claimed_by(self, key: str, owner: str, nonce: str) -> list[str] | None:
+    def _claimed_by(self, key: str, owner: str, nonce: str,
+                    state: str | None = "running") -> list[str] | None:
+        """Does the row carry this claim call's nonce (``state``: and that state)?"""
         try:
             fields = self._client.hmget(self._keys(key)[0], [
                 "state", "owner", "nonce", "token", "expires_at", "fence", "attempts",
                 "takeovers"])
         except redis.RedisError as exc:
             raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
-        state, row_owner, row_nonce, *rest = (str(v) if v is not None else None for v in fields)
-        if (state, row_owner, row_nonce) != ("running", owner, nonce):
+        row_state, row_owner, row_nonce, *rest = (
+            str(v) if v is not None else None for v in fields)
+        if (row_owner, row_nonce) != (owner, nonce) or (state is not None and row_state != state):
             return None
         return [v or "0" for v in rest]
 
@@ -160,21 +165,53 @@ class RedisStore(Store):
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         return self.renew_many([lease], ttl=ttl)[0]
 
-    def _settle(self, lease: Lease, state: LeaseState, *, result: str = "",
-                reason: str | None = None, delay: float = 0.0) -> bool:
+    def _fenced_write(self, lease: Lease, state: LeaseState, *, result: str = "",
+                      reason: str | None = None, delay: float = 0.0,
+                      settle_within: float | None = None) -> bool:
         params = fence_params(lease)
-        return bool(self._call("settle", [self._keys(lease.key)[0], self._running], [
+        within = settle_deadline_offset(settle_within)
+        return bool(self._call("fenced_write", [self._keys(lease.key)[0], self._running], [
             params["owner"], str(params["token"]), state.value, result, reason or "",
-            repr(delay)], if_resent=lambda ok: ok or self.settled_by(lease, state)))
+            repr(delay), "" if within is None else repr(within)],
+            if_resent=lambda ok: ok or self.settled_by(lease, state)))
 
-    def finish(self, lease: Lease, result: Any = None) -> bool:
-        return self._settle(lease, LeaseState.DONE, result=encode_result(result))
+    def finish(self, lease: Lease, result: Any = None, *,
+               settle_within: float | None = None) -> bool:
+        return self._fenced_write(lease, LeaseState.DONE, result=encode_result(result),
+                                  settle_within=settle_within)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
-        return self._settle(lease, LeaseState.READY, reason=reason, delay=check_delay(delay))
+        return self._fenced_write(lease, LeaseState.READY, reason=reason,
+                                  delay=check_delay(delay))
 
-    def kill(self, lease: Lease, *, reason: str) -> bool:
-        return self._settle(lease, LeaseState.DEAD, reason=reason)
+    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
+        return self._fenced_write(lease, LeaseState.DEAD, reason=reason,
+                                  settle_within=settle_within)
+
+    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        if not leases:
+            return []
+        args: list[Any] = []
+        for lease in leases:
+            params = fence_params(lease)
+            args += [params["owner"], str(params["token"])]
+        # Idempotent: a row this owner already settled answers 1, so a re-send is harmless.
+        reply = self._call("settle_many", [self._running,
+                                           *(self._keys(lease.key)[0] for lease in leases)], args)
+        return [bool(int(ok)) for ok in reply]
+
+    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        nonce = uuid.uuid4().hex
+        reply = self._call("claim_settlement", [self._keys(key)[0], self._running],
+                           [owner, repr(ttl), nonce],
+                           if_resent=lambda reply: reply or self._claimed_by(
+                               key, owner, nonce, state=None))
+        if not reply:
+            return None
+        token, deadline, fence, attempts, takeovers = reply
+        return Lease(key, owner, int(token), float(deadline), int(fence),
+                     attempts=int(attempts), takeovers=int(takeovers))
 
     # -- operator actions (SCAN-based listing: fine for operations, not for a hot path) -----
 
@@ -183,7 +220,7 @@ class RedisStore(Store):
                                [reason]))
 
     def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
-        requeued = self._call("requeue", self._keys(check_key(key))[:1], [reason])
+        requeued = self._call("requeue", [self._keys(check_key(key))[0], self._running], [reason])
         return self.get(key) if requeued else None
 
     def _lease_keys(self) -> Iterator[str]:
@@ -230,9 +267,13 @@ class RedisStore(Store):
         return bool(self._call("sweep_unmark", [self._keys(check_key(key))[0], self._running],
                                [str(token)]))
 
-    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
-        # One script over the running index: the cost follows what expired, not the store size.
-        hashes = self._call("sweep", [self._running], [str(check_limit(limit))])
+    def sweep_expired(self, *, limit: int = 100,
+                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
+        # One script over the attention index: the cost follows what is due, not the store
+        # size. A re-sent sweep finds its first send's marks set: those rows come back one
+        # grace period later.
+        hashes = self._call("sweep", [self._running], [
+            str(check_limit(limit)), repr(check_delay(grace, name="grace")), uuid.uuid4().hex])
         head = f"{self.prefix}lease:"
         return [record for name in hashes
                 if (record := self.get(str(name)[len(head):])) is not None]
@@ -256,7 +297,8 @@ class RedisStore(Store):
                            updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)),
                            takeovers=int(row.get("takeovers", 0)),
                            not_before=float(row["not_before"]) if "not_before" in row else None,
-                           reason=row.get("reason"), task=decode_task(row.get("task")))
+                           reason=row.get("reason"), task=decode_task(row.get("task")),
+                           settling=row.get("settling") == "1")
 
     # -- effect receipts --------------------------------------------------------------------
 

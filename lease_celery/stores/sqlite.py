@@ -15,6 +15,7 @@ import random
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
+    DEFAULT_SWEEP_GRACE,
     Clock,
     Store,
     check_delay,
@@ -38,12 +40,13 @@ from .base import (
     lease_not_current,
     lease_params,
     number_option,
+    settle_deadline_offset,
 )
 from .queries import load_queries
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
 _Q = load_queries("sqlite")
@@ -148,15 +151,27 @@ class SQLiteStore(Store):
             conn.execute(_Q["init_fence"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
-            if row is None:
-                conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-            elif int(row[0]) > SCHEMA_VERSION:
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"sqlite store {self.path!r} has schema version {row[0]}, newer"
                                  f" than this lease_celery understands ({SCHEMA_VERSION})")
+            if row is not None and int(row[0]) < 2:
+                self._migrate_to_2(conn)
+            conn.execute(_Q["create_sweep_index"])
+            if row is None or int(row[0]) != SCHEMA_VERSION:
+                conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    @staticmethod
+    def _migrate_to_2(conn: sqlite3.Connection) -> None:
+        """Schema 1 -> 2: the settle phase and the sweeper's own index (same transaction)."""
+        columns = {name for (name,) in conn.execute(_Q["table_columns"])}
+        for column in ("settling", "sweep_at", "swept_by"):
+            if column not in columns:
+                conn.execute(_Q[f"migrate_{column}"])
+        conn.execute(_Q["migrate_fill_sweep_at"])
 
     def close(self) -> None:
         with self._lock:
@@ -244,10 +259,32 @@ class SQLiteStore(Store):
 
         return self._write(body)
 
-    def finish(self, lease: Lease, result: Any = None) -> bool:
+    def finish(self, lease: Lease, result: Any = None, *,
+               settle_within: float | None = None) -> bool:
         encoded = encode_result(result)  # before the transaction: a bad result writes nothing
-        return self._write(lambda conn, now: conn.execute(
-            _Q["finish"], {**fence_params(lease), "now": now, "result": encoded}).rowcount == 1)
+        within = settle_deadline_offset(settle_within)
+        return self._write(lambda conn, now: conn.execute(_Q["finish"], {
+            **fence_params(lease), "now": now, "result": encoded,
+            "settle_deadline": None if within is None else now + within}).rowcount == 1)
+
+    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        if not leases:
+            return []
+        return self._write(lambda conn, now: [conn.execute(
+            _Q["settle"], {**fence_params(lease), "now": now}).rowcount == 1
+            for lease in leases])
+
+    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+
+        def body(conn: sqlite3.Connection, now: float) -> Lease | None:
+            row = conn.execute(_Q["claim_settlement"], {
+                "key": key, "owner": owner, "now": now, "expires_at": now + ttl}).fetchone()
+            return None if row is None else Lease(
+                key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
+                takeovers=int(row[4]))
+
+        return self._write(body)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
         delay = check_delay(delay)
@@ -255,9 +292,11 @@ class SQLiteStore(Store):
             **fence_params(lease), "now": now, "reason": reason,
             "not_before": now + delay if delay else None}).rowcount == 1)
 
-    def kill(self, lease: Lease, *, reason: str) -> bool:
-        return self._write(lambda conn, now: conn.execute(
-            _Q["kill"], {**fence_params(lease), "now": now, "reason": reason}).rowcount == 1)
+    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
+        within = settle_deadline_offset(settle_within)
+        return self._write(lambda conn, now: conn.execute(_Q["kill"], {
+            **fence_params(lease), "now": now, "reason": reason,
+            "settle_deadline": None if within is None else now + within}).rowcount == 1)
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -293,13 +332,15 @@ class SQLiteStore(Store):
 
         return self._write(body)
 
-    def sweep_expired(self, *, limit: int = 100) -> list[LeaseRecord]:
-        params = {"limit": check_limit(limit)}
+    def sweep_expired(self, *, limit: int = 100,
+                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
+        params = {"limit": check_limit(limit), "grace": check_delay(grace, name="grace"),
+                  "nonce": uuid.uuid4().hex}
 
         def body(conn: sqlite3.Connection, now: float) -> list[str]:
             keys = [k for (k,) in conn.execute(_Q["sweep_candidates"], {**params, "now": now})]
-            return [k for k in keys
-                    if conn.execute(_Q["sweep_mark"], {"key": k, "now": now}).fetchone()]
+            return [k for k in keys if conn.execute(
+                _Q["sweep_mark"], {**params, "key": k, "now": now}).fetchone()]
 
         return [record for key in self._write(body) if (record := self.get(key)) is not None]
 

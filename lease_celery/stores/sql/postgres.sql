@@ -27,8 +27,33 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
     nonce       text,                                 -- the claim call that wrote this token
     result      text,  -- JSON as the library wrote it (jsonb would refuse \u0000, reshape numbers)
     updated_at  double precision NOT NULL,
-    fence       bigint           NOT NULL DEFAULT 0
+    fence       bigint           NOT NULL DEFAULT 0,
+    -- Schema 2. settling: done (or dead) and the owner has not yet confirmed that Celery
+    -- stored the outcome; expires_at is then the settle deadline. sweep_at: when the sweeper
+    -- should look at the row next (NULL: never), read through a partial index. swept_by: the
+    -- sweep call that last re-published the row (a re-sent sweep reports exactly its own).
+    settling    boolean          NOT NULL DEFAULT false,
+    sweep_at    double precision,
+    swept_by    text
 )
+
+-- name: migrate_columns
+ALTER TABLE {schema}.lease_celery_leases
+    ADD COLUMN IF NOT EXISTS settling boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS sweep_at double precision,
+    ADD COLUMN IF NOT EXISTS swept_by text
+
+-- name: migrate_fill_sweep_at
+-- Schema 1 -> 2: rows the sweeper must keep watching get their next look; done rows of schema
+-- 1 were settled by definition (no settle phase existed).
+UPDATE {schema}.lease_celery_leases
+SET sweep_at = CASE WHEN state = 'running' THEN expires_at
+                    ELSE COALESCE(not_before, updated_at) END
+WHERE state IN ('running', 'ready') AND task IS NOT NULL
+
+-- name: create_sweep_index
+CREATE INDEX IF NOT EXISTS lease_celery_leases_sweep ON {schema}.lease_celery_leases (sweep_at)
+WHERE sweep_at IS NOT NULL
 
 -- name: create_fence
 -- The store-wide fence: a sequence, drawn by every claim (gaps are harmless, order is not lost).
@@ -85,9 +110,9 @@ WITH clock AS (
 )
 INSERT INTO {schema}.lease_celery_leases AS l
        (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at, fence,
-        task, nonce)
+        task, nonce, sweep_at)
 SELECT %(key)s, 'running', %(owner)s, 1, clock.now + %(ttl)s, 1, 0, NULL, clock.now, nextval('{schema}.lease_celery_fence'),
-       %(task)s, %(nonce)s
+       %(task)s, %(nonce)s, CASE WHEN %(task)s::text IS NULL THEN NULL ELSE clock.now + %(ttl)s END
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
@@ -102,7 +127,10 @@ ON CONFLICT (key) DO UPDATE SET
     updated_at = EXCLUDED.updated_at,
     fence      = EXCLUDED.fence,
     task       = EXCLUDED.task,  -- this delivery's, or none: never a previous one's
-    nonce      = EXCLUDED.nonce
+    nonce      = EXCLUDED.nonce,
+    settling   = false,
+    sweep_at   = EXCLUDED.sweep_at,
+    swept_by   = NULL
 WHERE l.state = 'purged'
    OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)))
    OR (l.state = 'running' AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
@@ -116,52 +144,107 @@ FROM {schema}.lease_celery_leases
 WHERE key = %(key)s AND state = 'running' AND owner = %(owner)s AND nonce = %(nonce)s
 
 -- name: renew_many
--- Each (key, owner, token) is renewed only while running, its own, and not expired.
+-- Each (key, owner, token) is renewed only while running (or settling), its own, and not
+-- expired.
 WITH clock AS (
-    SELECT COALESCE(%(now)s::double precision,
-                    extract(epoch FROM clock_timestamp())::double precision) AS now
+    SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 UPDATE {schema}.lease_celery_leases AS l
-SET expires_at = clock.now + %(ttl)s, updated_at = clock.now
+SET expires_at = clock.now + %(ttl)s, updated_at = clock.now,
+    sweep_at = CASE WHEN l.task IS NULL THEN NULL ELSE clock.now + %(ttl)s END
 FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
      AS c(key, owner, token)
-WHERE l.key = c.key AND l.state = 'running' AND l.owner = c.owner AND l.token = c.token
+WHERE l.key = c.key AND (l.state = 'running' OR l.settling) AND l.owner = c.owner
+  AND l.token = c.token
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.key, l.owner, l.token, l.expires_at
 
 -- name: finish
+-- %(settle_within)s NULL: settled at once; else done and settling until the owner confirms
+-- (settle_many) or the settle deadline passes.
 WITH clock AS (
-    SELECT COALESCE(%(now)s::double precision,
-                    extract(epoch FROM clock_timestamp())::double precision) AS now
+    SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 UPDATE {schema}.lease_celery_leases AS l
-SET state = 'done', result = %(result)s, expires_at = clock.now, updated_at = clock.now,
-    reason = NULL
+SET state = 'done', result = %(result)s, updated_at = clock.now, reason = NULL,
+    settling   = %(settle_within)s::double precision IS NOT NULL,
+    expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
+    sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL
+                      THEN NULL ELSE clock.now + %(settle_within)s::double precision END,
+    task       = CASE WHEN %(settle_within)s::double precision IS NULL THEN NULL
+                      ELSE l.task END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.token
 
+-- name: settle_many
+-- The owners confirm that Celery stored the outcomes: the settle phases end, and a settled
+-- done row no longer needs its task info.
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET settling = false, sweep_at = NULL, updated_at = clock.now,
+    task = CASE WHEN l.state = 'done' THEN NULL ELSE l.task END
+FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
+     AS c(key, owner, token)
+WHERE l.key = c.key AND l.settling AND l.owner = c.owner AND l.token = c.token
+RETURNING l.key, l.owner, l.token
+
+-- name: settled_by_owner
+-- After a re-sent settle_many: the rows these owners already settled (a settled row keeps the
+-- owner and token that settled it).
+SELECT l.key, l.owner, l.token FROM {schema}.lease_celery_leases AS l,
+       unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[]) AS c(key, owner, token)
+WHERE l.key = c.key AND NOT l.settling AND l.state IN ('done', 'dead')
+  AND l.owner = c.owner AND l.token = c.token
+
+-- name: claim_settlement
+-- A finished key whose owner neither confirmed nor renewed the settle phase before its
+-- deadline is gone: this delivery completes it (same token; the owner becomes the completer).
+WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
+UPDATE {schema}.lease_celery_leases AS l
+SET owner = %(owner)s, expires_at = clock.now + %(ttl)s, updated_at = clock.now,
+    sweep_at = CASE WHEN l.task IS NULL THEN NULL ELSE clock.now + %(ttl)s END,
+    swept_by = NULL, nonce = %(nonce)s
+FROM clock
+WHERE l.key = %(key)s AND l.settling AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
+RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers
+
+-- name: settlement_claimed_by
+-- After a refused claim_settlement: did this very call (its nonce) win before its reply was
+-- lost?
+SELECT token, expires_at, fence, attempts, takeovers
+FROM {schema}.lease_celery_leases
+WHERE key = %(key)s AND settling AND owner = %(owner)s AND nonce = %(nonce)s
+
 -- name: release
--- Give back early; %(delay)s > 0 sets the backoff before the next claim.
+-- Give back early; %(delay)s > 0 sets the backoff before the next claim. The sweeper
+-- re-publishes the row if nobody claimed it a grace period after it became claimable.
 WITH clock AS (
-    SELECT COALESCE(%(now)s::double precision,
-                    extract(epoch FROM clock_timestamp())::double precision) AS now
+    SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now
 )
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'ready', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s,
     not_before = CASE WHEN %(delay)s::double precision > 0
-                      THEN clock.now + %(delay)s::double precision END
+                      THEN clock.now + %(delay)s::double precision END,
+    sweep_at = CASE WHEN l.task IS NULL THEN NULL
+                    ELSE clock.now + GREATEST(%(delay)s::double precision, 0) END,
+    swept_by = NULL
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
 RETURNING l.token
 
 -- name: kill
--- The current holder gives up for good: dead until a person requeues it.
+-- The current holder gives up for good: dead until a person requeues it. The task info stays
+-- (requeue re-publishes it); with %(settle_within)s the owner settles the failure like a finish.
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
-SET state = 'dead', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s
+SET state = 'dead', updated_at = clock.now, reason = %(reason)s,
+    settling   = %(settle_within)s::double precision IS NOT NULL,
+    expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
+    sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL
+                      THEN NULL ELSE clock.now + %(settle_within)s::double precision END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
@@ -173,7 +256,8 @@ RETURNING l.token
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'ready', expires_at = clock.now, updated_at = clock.now, not_before = NULL,
-    reason = %(reason)s
+    reason = %(reason)s, swept_by = NULL,
+    sweep_at = CASE WHEN l.task IS NULL THEN NULL ELSE clock.now END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running'
 RETURNING l.token
@@ -183,47 +267,57 @@ RETURNING l.token
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = clock.now,
-    reason = %(reason)s
+    reason = %(reason)s, settling = false, swept_by = NULL,
+    sweep_at = CASE WHEN l.task IS NULL THEN NULL ELSE clock.now END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'dead'
 RETURNING l.token
 
 -- name: sweep
--- Mark and return running rows whose lease expired, one expired generation to one sweeper:
--- SKIP LOCKED lets concurrent sweepers split the rows, the mark makes it once per token.
+-- Mark and return the rows the sweeper may act on, read through the partial index on sweep_at:
+-- a running lease or a settle phase past its deadline (its owner is gone), or a ready row
+-- nobody claimed a grace period after it became claimable (its message was lost). SKIP LOCKED
+-- lets concurrent sweepers split the rows; the mark moves sweep_at a grace period on, so each
+-- row is returned once per grace period, and a sweeper that dies after marking leaves a mark
+-- that expires. swept_by records this call, for a re-send to report exactly its own rows.
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now),
 candidates AS (
     SELECT l.key FROM {schema}.lease_celery_leases AS l, clock
-    WHERE l.state = 'running' AND l.expires_at <= clock.now AND l.task IS NOT NULL
-      AND l.swept_token IS DISTINCT FROM l.token
-    ORDER BY l.expires_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    WHERE l.sweep_at IS NOT NULL AND l.sweep_at <= clock.now
+      AND (((l.state = 'running' OR l.settling) AND l.expires_at <= clock.now)
+           OR (l.state = 'ready' AND l.sweep_at <= clock.now - %(grace)s::double precision))
+    ORDER BY l.sweep_at LIMIT %(limit)s
+    FOR UPDATE OF l SKIP LOCKED
 )
 UPDATE {schema}.lease_celery_leases AS l
-SET swept_token = l.token
+SET sweep_at = CASE WHEN l.state = 'ready' THEN clock.now
+                    ELSE clock.now + %(grace)s::double precision END,
+    swept_by = %(nonce)s
 FROM candidates, clock
-WHERE l.key = candidates.key AND l.state = 'running' AND l.expires_at <= clock.now
-  AND l.swept_token IS DISTINCT FROM l.token
+WHERE l.key = candidates.key AND l.sweep_at IS NOT NULL AND l.sweep_at <= clock.now
+  AND (((l.state = 'running' OR l.settling) AND l.expires_at <= clock.now)
+           OR (l.state = 'ready' AND l.sweep_at <= clock.now - %(grace)s::double precision))
 RETURNING l.key
 
 -- name: swept_already
--- After a re-sent sweep (the first send's reply was lost, its marks committed): the expired
--- generations already marked. Re-publishing one twice is harmless; never re-publishing is not.
+-- After a re-sent sweep (the first send's reply was lost, its marks committed): the rows that
+-- very call marked, and no other sweep's. Re-publishing one twice is harmless; never
+-- re-publishing is not.
 SELECT l.key FROM {schema}.lease_celery_leases AS l
-WHERE l.state = 'running' AND l.task IS NOT NULL AND l.swept_token = l.token
-  AND l.expires_at <= COALESCE(%(now)s::double precision,
-                               extract(epoch FROM clock_timestamp())::double precision)
-ORDER BY l.expires_at LIMIT %(limit)s
+WHERE l.swept_by = %(nonce)s
+ORDER BY l.sweep_at LIMIT %(limit)s
 
 -- name: sweep_unmark
--- The re-publish failed: let the next sweep try this expired generation again.
-UPDATE {schema}.lease_celery_leases SET swept_token = NULL
-WHERE key = %(key)s AND swept_token = %(token)s
+-- The re-publish failed: let the next sweep try this row again (as due as before the mark).
+UPDATE {schema}.lease_celery_leases
+SET sweep_at = CASE WHEN state = 'ready' THEN COALESCE(not_before, 0) ELSE expires_at END,
+    swept_by = NULL
+WHERE key = %(key)s AND token = %(token)s AND swept_by IS NOT NULL AND sweep_at IS NOT NULL
 RETURNING key
 
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task
+       not_before, reason, task, settling
 FROM {schema}.lease_celery_leases
 WHERE state <> 'purged' AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(prefix)s::text IS NULL OR left(key, length(%(prefix)s::text)) = %(prefix)s::text)
@@ -242,7 +336,8 @@ WITH clock AS (SELECT COALESCE(%(now)s::double precision,
                                extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
-    not_before = NULL, swept_token = NULL, updated_at = clock.now
+    not_before = NULL, swept_token = NULL, settling = false, sweep_at = NULL, swept_by = NULL,
+    updated_at = clock.now
 FROM clock
 WHERE l.state IN ('done', 'dead') AND l.updated_at < clock.now - %(seconds)s
 RETURNING l.key
@@ -259,7 +354,7 @@ FOR UPDATE
 
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task
+       not_before, reason, task, settling
 FROM {schema}.lease_celery_leases WHERE key = %(key)s AND state <> 'purged'
 
 -- name: purge
@@ -268,7 +363,8 @@ WITH clock AS (SELECT COALESCE(%(now)s::double precision,
                                extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
-    not_before = NULL, swept_token = NULL, updated_at = clock.now
+    not_before = NULL, swept_token = NULL, settling = false, sweep_at = NULL, swept_by = NULL,
+    updated_at = clock.now
 FROM clock
 WHERE l.key = %(key)s AND l.state <> 'purged'
   AND (l.state <> 'running' OR l.expires_at <= clock.now)

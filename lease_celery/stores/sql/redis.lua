@@ -12,6 +12,13 @@ local function now(injected)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function fmt(x) return string.format('%.6f', x) end
+-- The attention index (KEYS: the "running" sorted set) holds every hash the sweeper may have
+-- to act on, scored by when to look at it next; terminal rows and rows without task info
+-- leave it, so a sweep reads only what is due.
+local function watch(index, hash, at)
+  if redis.call('HEXISTS', hash, 'task') == 1 then redis.call('ZADD', index, at, hash)
+  else redis.call('ZREM', index, hash) end
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -36,15 +43,16 @@ local fence = redis.call('INCR', KEYS[3])  -- the store-wide fence
 local deadline = fmt(t + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
            'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence, 'nonce', ARGV[5])
-redis.call('ZADD', KEYS[4], tonumber(deadline), KEYS[1])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
-redis.call('HDEL', KEYS[1], 'result', 'not_before')
+redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by')
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4])
 else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
+watch(KEYS[4], KEYS[1], tonumber(deadline))
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
 
 -- name: renew
+-- A running lease, or a finished one whose owner is still settling it.
 -- KEYS[1]: the running index, then one lease hash per lease; ARGV: injected_now, ttl, then
 -- (owner, token) per lease.
 local t = now(ARGV[1])
@@ -53,11 +61,12 @@ for i = 2, #KEYS do
   local key, n = KEYS[i], i - 1
   local state, owner, token, expires_at = unpack(redis.call(
     'HMGET', key, 'state', 'owner', 'token', 'expires_at'))
-  if state == 'running' and owner == ARGV[1 + 2 * n] and token == ARGV[2 + 2 * n]
-      and tonumber(expires_at) > t then
+  local settling = redis.call('HGET', key, 'settling')
+  if (state == 'running' or settling == '1') and owner == ARGV[1 + 2 * n]
+      and token == ARGV[2 + 2 * n] and tonumber(expires_at) > t then
     local deadline = fmt(t + tonumber(ARGV[2]))
     redis.call('HSET', key, 'expires_at', deadline, 'updated_at', fmt(t))
-    redis.call('ZADD', KEYS[1], tonumber(deadline), key)
+    watch(KEYS[1], key, tonumber(deadline))
     out[n] = deadline
   else
     out[n] = ''
@@ -65,9 +74,10 @@ for i = 2, #KEYS do
 end
 return out
 
--- name: settle
+-- name: fenced_write
 -- finish (done), release (ready) and kill (dead), fenced on the current lease.
--- ARGV: injected_now, owner, token, new_state, result_json, reason, delay ('' for none)
+-- ARGV: injected_now, owner, token, new_state, result_json, reason, delay ('' for none),
+-- settle_within ('' for settled at once: done/dead only).
 local t = now(ARGV[1])
 local state, owner, token, expires_at = unpack(redis.call(
   'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
@@ -76,64 +86,129 @@ if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
-redis.call('ZREM', KEYS[2], KEYS[1])
+redis.call('HDEL', KEYS[1], 'swept_by')
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[6])
 else redis.call('HDEL', KEYS[1], 'reason') end
-if ARGV[7] ~= '' and tonumber(ARGV[7]) > 0 then
-  redis.call('HSET', KEYS[1], 'not_before', fmt(t + tonumber(ARGV[7])))
+if ARGV[4] == 'ready' then
+  local claimable = t
+  if ARGV[7] ~= '' and tonumber(ARGV[7]) > 0 then
+    claimable = t + tonumber(ARGV[7])
+    redis.call('HSET', KEYS[1], 'not_before', fmt(claimable))
+  end
+  watch(KEYS[2], KEYS[1], claimable)
+elseif ARGV[8] ~= '' then  -- done/dead, settling until the owner confirms or the deadline
+  local deadline = fmt(t + tonumber(ARGV[8]))
+  redis.call('HSET', KEYS[1], 'settling', '1', 'expires_at', deadline)
+  watch(KEYS[2], KEYS[1], tonumber(deadline))
+else
+  if ARGV[4] == 'done' then redis.call('HDEL', KEYS[1], 'task') end
+  redis.call('ZREM', KEYS[2], KEYS[1])
 end
 return 1
+
+-- name: settle_many
+-- The owners confirm that Celery stored the outcomes. KEYS[1]: the running index, then one
+-- lease hash per lease; ARGV: injected_now, then (owner, token) per lease. A row this owner
+-- already settled answers 1 too (a re-sent call).
+local t = now(ARGV[1])
+local out = {}
+for i = 2, #KEYS do
+  local key, n = KEYS[i], i - 1
+  local state, owner, token, settling = unpack(redis.call(
+    'HMGET', key, 'state', 'owner', 'token', 'settling'))
+  local ours = owner == ARGV[2 * n] and token == ARGV[1 + 2 * n]
+  if ours and settling == '1' then
+    redis.call('HDEL', key, 'settling')
+    redis.call('HSET', key, 'updated_at', fmt(t))
+    if state == 'done' then redis.call('HDEL', key, 'task') end
+    redis.call('ZREM', KEYS[1], key)
+    out[n] = 1
+  elseif ours and (state == 'done' or state == 'dead') then
+    out[n] = 1
+  else
+    out[n] = 0
+  end
+end
+return out
+
+-- name: claim_settlement
+-- A finished key whose owner neither confirmed nor renewed its settle phase before the
+-- deadline is gone: this delivery completes it (same token; the owner becomes the completer).
+-- KEYS: lease hash, running index. ARGV: injected_now, owner, ttl, nonce.
+local t = now(ARGV[1])
+local settling, expires_at = unpack(redis.call('HMGET', KEYS[1], 'settling', 'expires_at'))
+if settling ~= '1' or tonumber(expires_at) > t then return false end
+local deadline = fmt(t + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'expires_at', deadline, 'updated_at', fmt(t),
+           'nonce', ARGV[4])
+redis.call('HDEL', KEYS[1], 'swept_by')
+watch(KEYS[2], KEYS[1], tonumber(deadline))
+local token, fence, attempts, takeovers = unpack(redis.call(
+  'HMGET', KEYS[1], 'token', 'fence', 'attempts', 'takeovers'))
+return {token, deadline, fence or '0', attempts or '0', takeovers or '0'}
 
 -- name: force_release
 -- An operator's override: running -> ready whoever holds it. KEYS: lease hash, running index.
 -- ARGV: injected_now, reason
 local t = now(ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-redis.call('ZREM', KEYS[2], KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'ready', 'expires_at', fmt(t), 'updated_at', fmt(t),
            'reason', ARGV[2])
-redis.call('HDEL', KEYS[1], 'not_before')
+redis.call('HDEL', KEYS[1], 'not_before', 'swept_by')
+watch(KEYS[2], KEYS[1], t)
 return 1
 
 -- name: requeue
--- dead -> ready with a fresh budget of attempts. ARGV: injected_now, reason
+-- dead -> ready with a fresh budget of attempts. KEYS: lease hash, running index.
+-- ARGV: injected_now, reason
 local t = now(ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
            'updated_at', fmt(t), 'reason', ARGV[2])
-redis.call('HDEL', KEYS[1], 'not_before')
+redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
+watch(KEYS[2], KEYS[1], t)
 return 1
 
 -- name: sweep
--- Mark the expired generations found in the running index (once per token), at most ARGV[2];
--- each leaves the index (a later claim puts the key back). KEYS[1]: the running index.
+-- Mark and return the hashes the sweeper may act on, read from the attention index (at most
+-- ARGV[2]): a running lease or a settle phase past its deadline (its owner is gone), or a ready
+-- row nobody claimed ARGV[3] (grace) seconds after it became claimable (its message was lost).
+-- A marked row is looked at again a grace period later, so a sweeper that dies between this
+-- mark and its re-publish leaves a mark that expires. Rows not due yet are re-scored to when
+-- they will be, and terminal rows leave the index. KEYS[1]: the index. ARGV[4]: this call.
 local t = now(ARGV[1])
+local grace = tonumber(ARGV[3])
 local marked = {}
 for _, hash in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', t, 'LIMIT', 0,
                                  tonumber(ARGV[2]))) do
-  local state, expires_at, token, swept, task = unpack(redis.call(
-    'HMGET', hash, 'state', 'expires_at', 'token', 'swept_token', 'task'))
-  if state == 'running' and tonumber(expires_at) > t then
-    redis.call('ZADD', KEYS[1], tonumber(expires_at), hash)  -- renewed meanwhile: keep it
-  else
+  local state, expires_at, settling, task, not_before, updated_at = unpack(redis.call(
+    'HMGET', hash, 'state', 'expires_at', 'settling', 'task', 'not_before', 'updated_at'))
+  local due_at = nil  -- when the row is due; nil: never (leaves the index)
+  if task and (state == 'running' or settling == '1') then
+    due_at = tonumber(expires_at)
+  elseif task and state == 'ready' then
+    due_at = tonumber(not_before or updated_at) + grace
+  end
+  if not due_at then
     redis.call('ZREM', KEYS[1], hash)
-    if state == 'running' and task and swept ~= token then
-      redis.call('HSET', hash, 'swept_token', token)
-      table.insert(marked, hash)
-    end
+  elseif due_at > t then
+    redis.call('ZADD', KEYS[1], due_at, hash)
+  else
+    redis.call('ZADD', KEYS[1], t + grace, hash)
+    redis.call('HSET', hash, 'swept_by', ARGV[4])
+    table.insert(marked, hash)
   end
 end
 return marked
 
 -- name: sweep_unmark
--- The re-publish failed: let the next sweep try this expired generation again.
+-- The re-publish failed: let the next sweep try this row again.
 -- KEYS: lease hash, running index. ARGV: injected_now, token
-local state, swept, expires_at = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'swept_token', 'expires_at'))
-if swept ~= ARGV[2] then return 0 end
-redis.call('HDEL', KEYS[1], 'swept_token')
-if state == 'running' then redis.call('ZADD', KEYS[2], tonumber(expires_at), KEYS[1]) end
+local token, swept = unpack(redis.call('HMGET', KEYS[1], 'token', 'swept_by'))
+if token ~= ARGV[2] or not swept then return 0 end
+redis.call('HDEL', KEYS[1], 'swept_by')
+redis.call('ZADD', KEYS[2], 0, KEYS[1])
 return 1
 
 -- name: purge_old

@@ -3,6 +3,10 @@
 -- clock and the write.
 
 -- name: create_leases
+-- Schema version 2. settling: the key is done (or dead) and its owner has not yet confirmed
+-- that Celery stored the outcome; expires_at is then the settle deadline. sweep_at: when the
+-- sweeper should next look at the row (NULL: never; terminal rows, rows without task info),
+-- so a sweep reads only what it may act on, through a partial index.
 CREATE TABLE IF NOT EXISTS lease_celery_leases (
     key         TEXT    PRIMARY KEY,
     state       TEXT    NOT NULL CHECK (state IN ('ready', 'running', 'done', 'dead')),
@@ -14,11 +18,37 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
     not_before  REAL,                        -- backoff: not claimable before this instant
     reason      TEXT,                        -- last error, why dead, or an operator's note
     task        TEXT,                        -- JSON: what is needed to re-publish the task
-    swept_token INTEGER,                     -- the expired token a sweeper already re-published
     result      TEXT,
     updated_at  REAL    NOT NULL,
-    fence       INTEGER NOT NULL DEFAULT 0
+    fence       INTEGER NOT NULL DEFAULT 0,
+    settling    INTEGER NOT NULL DEFAULT 0,
+    sweep_at    REAL,
+    swept_by    TEXT                         -- the sweep call that last re-published the row
 ) WITHOUT ROWID
+
+-- name: create_sweep_index
+CREATE INDEX IF NOT EXISTS lease_celery_leases_sweep ON lease_celery_leases (sweep_at)
+WHERE sweep_at IS NOT NULL
+
+-- name: table_columns
+SELECT name FROM pragma_table_info('lease_celery_leases')
+
+-- name: migrate_settling
+ALTER TABLE lease_celery_leases ADD COLUMN settling INTEGER NOT NULL DEFAULT 0
+
+-- name: migrate_sweep_at
+ALTER TABLE lease_celery_leases ADD COLUMN sweep_at REAL
+
+-- name: migrate_swept_by
+ALTER TABLE lease_celery_leases ADD COLUMN swept_by TEXT
+
+-- name: migrate_fill_sweep_at
+-- Schema 1 -> 2: rows the sweeper must keep watching get their next look; done rows of schema
+-- 1 were settled by definition (no settle phase existed).
+UPDATE lease_celery_leases
+SET sweep_at = CASE WHEN state = 'running' THEN expires_at
+                    ELSE COALESCE(not_before, updated_at) END
+WHERE state IN ('running', 'ready') AND task IS NOT NULL
 
 -- name: create_fence
 -- The store-wide fence: one counter, bumped in the same transaction as every claim.
@@ -74,14 +104,15 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value
 -- A new key starts at token 1 (or after its retired token). An existing row may be taken only
 -- when it is ready and past its backoff, or running with an expired lease (expires_at <= now:
 -- the boundary instant counts as expired) -- a takeover. In the SET list, bare column names are
--- the row's values before this update.
+-- the row's values before this update. The sweeper looks at the row again when this lease
+-- expires (if it can re-publish it: task info recorded).
 INSERT INTO lease_celery_leases
        (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at, fence,
-        task)
+        task, sweep_at)
 VALUES (:key, 'running', :owner,
         COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0) + 1,
         :expires_at, 1, 0, NULL, :now, (SELECT value + 1 FROM lease_celery_fence WHERE id = 1),
-        :task)
+        :task, CASE WHEN :task IS NULL THEN NULL ELSE :expires_at END)
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
     owner      = excluded.owner,
@@ -93,36 +124,73 @@ ON CONFLICT (key) DO UPDATE SET
     result     = NULL,
     updated_at = excluded.updated_at,
     fence      = excluded.fence,
-    task       = excluded.task  -- this delivery's, or none: never a previous one's
+    task       = excluded.task,  -- this delivery's, or none: never a previous one's
+    settling   = 0,
+    sweep_at   = excluded.sweep_at,
+    swept_by   = NULL
 WHERE (state = 'ready' AND (not_before IS NULL OR not_before <= :now))
    OR (state = 'running' AND expires_at <= :now)
 RETURNING token, expires_at, fence, attempts, takeovers
 
 -- name: renew
+-- A running lease, or a finished one whose owner is still settling it (the deadline then
+-- bounds the settle phase).
 UPDATE lease_celery_leases
-SET expires_at = :expires_at, updated_at = :now
-WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
-  AND expires_at > :now
+SET expires_at = :expires_at, updated_at = :now,
+    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :expires_at END
+WHERE key = :key AND (state = 'running' OR settling = 1) AND owner = :owner
+  AND token = :token AND expires_at > :now
 RETURNING expires_at
 
 -- name: finish
+-- :settle_deadline NULL: settled at once (no result backend or callbacks to wait for); else
+-- the key is done and settling until its owner confirms (settle) or the deadline passes.
 UPDATE lease_celery_leases
-SET state = 'done', result = :result, expires_at = :now, updated_at = :now, reason = NULL
+SET state = 'done', result = :result, updated_at = :now, reason = NULL,
+    settling   = :settle_deadline IS NOT NULL,
+    expires_at = COALESCE(:settle_deadline, :now),
+    sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL
+                      ELSE :settle_deadline END,
+    task       = CASE WHEN :settle_deadline IS NULL THEN NULL ELSE task END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
+-- name: settle
+-- The owner confirms that Celery stored the outcome (and dispatched callbacks): the settle
+-- phase ends, and a done row no longer needs the task it would have been re-published with.
+UPDATE lease_celery_leases
+SET settling = 0, sweep_at = NULL, updated_at = :now,
+    task = CASE WHEN state = 'done' THEN NULL ELSE task END
+WHERE key = :key AND settling = 1 AND owner = :owner AND token = :token
+
+-- name: claim_settlement
+-- A finished key whose owner neither confirmed nor renewed its settle phase before the
+-- deadline is gone: this delivery completes it (same token; the owner becomes the completer).
+UPDATE lease_celery_leases
+SET owner = :owner, expires_at = :expires_at, updated_at = :now,
+    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :expires_at END, swept_by = NULL
+WHERE key = :key AND settling = 1 AND expires_at <= :now
+RETURNING token, expires_at, fence, attempts, takeovers
+
 -- name: release
--- Give back early; :not_before (or NULL) is the backoff before the next claim.
+-- Give back early; :not_before (or NULL) is the backoff before the next claim. The sweeper
+-- re-publishes the row if nobody claimed it a grace period after it became claimable.
 UPDATE lease_celery_leases
 SET state = 'ready', expires_at = :now, updated_at = :now, not_before = :not_before,
-    reason = :reason
+    reason = :reason, swept_by = NULL,
+    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE COALESCE(:not_before, :now) END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
 -- name: kill
--- The current holder gives up for good: dead until a person requeues it.
+-- The current holder gives up for good: dead until a person requeues it. The task info stays
+-- (requeue re-publishes it); with :settle_deadline the owner settles the failure like a finish.
 UPDATE lease_celery_leases
-SET state = 'dead', expires_at = :now, updated_at = :now, reason = :reason
+SET state = 'dead', updated_at = :now, reason = :reason,
+    settling   = :settle_deadline IS NOT NULL,
+    expires_at = COALESCE(:settle_deadline, :now),
+    sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL
+                      ELSE :settle_deadline END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
@@ -130,37 +198,51 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
 -- An operator's override: a running row becomes ready whoever holds it. The holder's renew and
 -- finish then fail (state is no longer running), so its result is refused.
 UPDATE lease_celery_leases
-SET state = 'ready', expires_at = :now, updated_at = :now, not_before = NULL, reason = :reason
+SET state = 'ready', expires_at = :now, updated_at = :now, not_before = NULL, reason = :reason,
+    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :now END, swept_by = NULL
 WHERE key = :key AND state = 'running'
 
 -- name: requeue
 -- dead -> ready with a fresh budget of attempts; the token continues.
 UPDATE lease_celery_leases
 SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = :now,
-    reason = :reason
+    reason = :reason, settling = 0, swept_by = NULL,
+    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :now END
 WHERE key = :key AND state = 'dead'
 RETURNING task
 
 -- name: sweep_candidates
+-- What the sweeper may act on, read through the partial index on sweep_at (only rows that are
+-- not terminal and carry task info are in it): a running lease or a settle phase past its
+-- deadline (its owner is gone), or a ready row nobody claimed a grace period after it became
+-- claimable (its message was lost). A re-publish moves sweep_at a grace period on, so a
+-- sweeper that dies between the mark and the publish leaves a mark that expires.
 SELECT key FROM lease_celery_leases
-WHERE state = 'running' AND expires_at <= :now AND task IS NOT NULL
-  AND (swept_token IS NULL OR swept_token <> token)
-ORDER BY expires_at LIMIT :limit
+WHERE sweep_at IS NOT NULL AND sweep_at <= :now
+  AND (((state = 'running' OR settling = 1) AND expires_at <= :now)
+       OR (state = 'ready' AND sweep_at <= :now - :grace))
+ORDER BY sweep_at LIMIT :limit
 
 -- name: sweep_mark
--- One sweeper re-publishes each expired generation: the mark is conditional on it not being set.
-UPDATE lease_celery_leases SET swept_token = token
-WHERE key = :key AND state = 'running' AND expires_at <= :now AND task IS NOT NULL
-  AND (swept_token IS NULL OR swept_token <> token)
+-- One sweeper re-publishes each due row per grace period: the mark is conditional on it being
+-- due, and moves its next look on (ready rows: due again a grace period from now).
+UPDATE lease_celery_leases
+SET sweep_at = CASE WHEN state = 'ready' THEN :now ELSE :now + :grace END, swept_by = :nonce
+WHERE key = :key AND sweep_at IS NOT NULL AND sweep_at <= :now
+  AND (((state = 'running' OR settling = 1) AND expires_at <= :now)
+       OR (state = 'ready' AND sweep_at <= :now - :grace))
 RETURNING token, task
 
 -- name: sweep_unmark
--- The re-publish failed: let the next sweep try this expired generation again.
-UPDATE lease_celery_leases SET swept_token = NULL WHERE key = :key AND swept_token = :token
+-- The re-publish failed: let the next sweep try this row again (as due as before the mark).
+UPDATE lease_celery_leases
+SET sweep_at = CASE WHEN state = 'ready' THEN COALESCE(not_before, 0) ELSE expires_at END,
+    swept_by = NULL
+WHERE key = :key AND token = :token AND swept_by IS NOT NULL AND sweep_at IS NOT NULL
 
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task
+       not_before, reason, task, settling
 FROM lease_celery_leases
 WHERE (:state IS NULL OR state = :state)
   AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
@@ -185,7 +267,7 @@ DELETE FROM lease_celery_leases WHERE state IN ('done', 'dead') AND updated_at <
 
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task
+       not_before, reason, task, settling
 FROM lease_celery_leases WHERE key = :key
 
 -- name: check_current
