@@ -1,0 +1,222 @@
+"""How an attempt that did not simply finish ends: deferred, retried, released, dead or refused.
+
+The base of :class:`~lease_celery.task.LeasedTask`, kept apart from the gate (``task.py``:
+claim, body, finish) so each stays readable. Every path here keeps the three promises: a
+refused (stale) outcome never reaches the result backend (``Ignore``); work nobody else will
+do is re-published, never acked and forgotten; a ``LeaseLost`` is never the task's failure;
+and a key that ends ``dead`` settles its failure like a finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Any, ClassVar, NoReturn
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+
+from . import signals
+from .delivery import republish_later
+from .errors import LeaseDead, LeaseLost, StoreError
+from .handle import LeaseHandle
+from .heartbeat import Heartbeat
+from .policy import Outcome
+from .settings import LeaseSettings, resolve_settings
+
+__all__ = ["AttemptEnding"]
+
+logger = logging.getLogger(__name__)
+
+
+class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type information
+    """Deferral, retry, release, dead and stale refusal for LeasedTask (not a task itself)."""
+
+    _lease_settings: ClassVar[LeaseSettings | None] = None
+
+    @property
+    def lease_settings(self) -> LeaseSettings:
+        settings = type(self)._lease_settings
+        if settings is None:
+            settings = type(self)._lease_settings = resolve_settings(self.app, type(self))
+        return settings
+
+    def _settle_within(self, settings: LeaseSettings) -> float | None:
+        """How long the owner has to confirm that Celery stored the outcome; None when no
+        worker stores it (an eager or direct call: the caller gets it straight away)."""
+        request = self.request
+        return None if request.is_eager or request.called_directly else settings.ttl
+
+    def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
+               kwargs: Any, *, why: str, eager_error: Exception,
+               holder: str | None = None) -> NoReturn:
+        """Re-publish this delivery to run in about ``remaining`` seconds, then ack it.
+
+        Used when a live holder has the key (acking a duplicate without re-publishing would
+        lose the work if the holder died later), while the key backs off, and when the store
+        cannot answer.
+        """
+        request = self.request
+        if request.is_eager or request.called_directly:  # nothing to re-publish to
+            raise eager_error
+        # Jitter spreads duplicates so they do not all come back in the same instant.
+        countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
+        countdown += random.uniform(0, settings.ttl / 10)
+        republish_later(self, args, kwargs, countdown)
+        logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
+        signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
+                                        reason=why)
+        raise Ignore()
+
+    def _after_error(self, handle: LeaseHandle, exc: BaseException,
+                     settings: LeaseSettings) -> None:
+        """The body (or finish) raised: retry with backoff, give up (dead), or pass it on.
+
+        Raises ``Ignore`` when the lease was lost meanwhile (a stale failure must not overwrite
+        the new owner's outcome), ``Retry`` when the policy retries; returns when ``exc`` should
+        propagate as it is.
+        """
+        attempts = handle.lease.attempts
+        if isinstance(exc, Retry) and attempts >= settings.policy.max_attempts:
+            # Celery will retry, but the lease budget is spent: end it here, so the row counts
+            # exactly the attempts that ran and the failure reaches the result backend (the
+            # retried message then finds the key dead and is dropped).
+            original = exc.exc if isinstance(exc.exc, Exception) else None
+            self._kill(handle, f"{attempts} attempts exhausted; last retry: {original or exc!r}")
+            raise original or LeaseDead(f"lease {handle.key!r}: {attempts} attempts exhausted")
+        if isinstance(exc, (Retry, Ignore, Reject)):
+            # Celery's own control flow: give the key back at once; Celery re-delivers (or
+            # not) as it decided. The next claim counts as an attempt.
+            self._release(handle, reason=f"{type(exc).__name__}: {exc}")
+            return
+        if not isinstance(exc, Exception):
+            # SystemExit from billiard's SIGTERM handler (cold shutdown, soft-shutdown timeout,
+            # revoke with terminate) or KeyboardInterrupt: the task was terminated; give the key
+            # back so the requeued message is claimed at once, and let the exit go on.
+            self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})",
+                          passing=True)
+            return
+        if isinstance(exc, LeaseLost) or handle.lost:
+            # Never the task's failure. If the store still held the lease (lost only by this
+            # process's reckoning: renewal replies came back late), the release is accepted
+            # and the work runs again; if not, _release -> _not_current decides.
+            if self._release(handle, reason=repr(exc)):
+                self._defer(handle.key, 0.0, settings, self.request.args or (),
+                            self.request.kwargs or {}, eager_error=exc,
+                            why=f"lease lost before the store expired it: {exc}")
+            return
+        if isinstance(exc, SoftTimeLimitExceeded) and not settings.retry_time_limits:
+            # One FAILURE, as Celery reports it: a time limit is not a transient error (the
+            # same work would hit it again). lease_retry_time_limits opts into retrying.
+            self._kill(handle, f"soft time limit exceeded ({self._soft_limit()}s): {exc!r}")
+            return
+        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
+        outcome, reason = settings.policy.after_error(exc, attempts=attempts)
+        if getattr(self.request, "celery_retries_exhausted", False):
+            outcome, reason = Outcome.DEAD, f"Celery's max_retries exhausted: {exc!r}"
+        if outcome is Outcome.DEAD or (autoretry and isinstance(exc, autoretry)):
+            # Celery's autoretry_for already spent its own retries on this error.
+            self._kill(handle, reason)
+            return
+        request = self.request
+        # An eager retry runs at once (Celery ignores its countdown), so it gets no backoff.
+        delay = 0.0 if request.is_eager else settings.policy.backoff(handle.lease.attempts)
+        if request.called_directly:
+            self._release(handle, reason=reason, delay=delay)
+            return  # a plain call has no delivery to retry: the error propagates
+        # Publish the retry first: if that fails, the key stays held until it expires and the
+        # sweeper brings the task back, instead of being left ready with no message for it.
+        # The lease policy, not the task's max_retries, bounds these retries.
+        retry = self.retry(exc=exc, countdown=delay, max_retries=math.inf, throw=False)
+        self._release(handle, reason=reason, delay=delay)
+        logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
+        signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
+                                 reason=reason, countdown=delay)
+        raise retry
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
+        dead instead of being retried again by the lease policy."""
+        try:
+            return super().retry(*args, **kwargs)
+        except Retry:
+            raise
+        except BaseException:
+            self.request.celery_retries_exhausted = True
+            raise
+
+    def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0,
+                 passing: bool = False) -> bool:
+        """Give the key back (after ``delay`` of backoff). If the lease is no longer current,
+        this attempt's failure is not the key's outcome: see ``_not_current`` (skipped when
+        ``passing`` an exit through, which must go on)."""
+        try:
+            released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000])
+        except StoreError:
+            logger.exception("lease %s token %s: release after error failed; the lease will "
+                             "expire at %s", handle.key, handle.token, handle.expires_at)
+            return False
+        if released:
+            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
+                                        hold_time=handle.held_for)
+            return True
+        if not passing:
+            self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
+        return False
+
+    def _soft_limit(self) -> Any:
+        limits = getattr(self.request, "timelimit", None) or (None, None)
+        return limits[1] or self.soft_time_limit or self.app.conf.task_soft_time_limit
+
+    def _kill(self, handle: LeaseHandle, reason: str) -> None:
+        """Mark the key dead; the failure then settles like a finish (after_return)."""
+        settle_within = self._settle_within(self.lease_settings)
+        try:
+            killed = handle.store.kill(handle.lease, reason=reason[:2000],
+                                       settle_within=settle_within)
+        except StoreError:
+            logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
+            return
+        if killed and settle_within is not None:
+            handle.settling = True
+            self.request.lease = handle  # after_return finds it, even when the claim killed
+            Heartbeat.for_process().watch(handle)
+        if killed:
+            logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
+                         handle.lease.attempts, reason)
+            signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
+                                    reason=reason, hold_time=handle.held_for)
+        else:
+            self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
+
+    def _not_current(self, handle: LeaseHandle, reason: str) -> NoReturn:
+        """This execution's outcome was refused: its lease is no longer current.
+
+        If another owner has the key (or settled it), the outcome is stale: dropped with
+        ``Ignore``, so it never reaches the result backend or callbacks. If nobody took over
+        (the lease just lapsed, or an operator released it), dropping it would lose the work:
+        the delivery is re-published to run again, then acked.
+        """
+        try:
+            record = handle.store.get(handle.key)
+        except StoreError:
+            record = None
+        taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
+        if taken or self.request.is_eager or self.request.called_directly:
+            self._reject_stale(handle, reason)
+        handle.mark_lost(reason)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
+                                           reason=reason, hold_time=handle.held_for)
+        settings = self.lease_settings
+        self._defer(handle.key, 0.0, settings, self.request.args or (),
+                    self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
+                    eager_error=LeaseLost(reason))
+
+    def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
+        handle.mark_lost(reason)
+        logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
+                       handle.key, handle.owner, handle.token, reason)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
+                                           reason=reason, hold_time=handle.held_for)
+        raise Ignore()
