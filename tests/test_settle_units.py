@@ -1,0 +1,92 @@
+"""The settle protocol's task-side pieces, in process: callback ids derived from the task id,
+and the confirmation that a subclass's own ``after_return`` cannot skip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, group
+from celery.app.task import Context
+
+from lease_celery import LeasedTask
+from lease_celery.handle import LeaseHandle
+from lease_celery.heartbeat import Heartbeat
+from lease_celery.settle import confirm_stored, freeze_links
+
+
+def _request(task_id: str, app: Celery) -> Context:
+    link = app.signature("proj.callback", args=("a",))
+    frozen = app.signature("proj.callback", args=("b",))
+    frozen.freeze("fixed-id")
+    both = group(app.signature("proj.member", args=(1,)), app.signature("proj.member", args=(2,)))
+    errback = app.signature("proj.errback")
+    return Context(id=task_id, callbacks=[dict(link), dict(frozen), dict(both)],
+                   errbacks=[dict(errback)])
+
+
+def test_callbacks_get_ids_derived_from_the_task_id() -> None:
+    """Every execution of one task id sends its callbacks (group members too) and errbacks
+    under the same ids; another task id gets other ids; ids set by the publisher are kept."""
+    app = Celery("settle-units", set_as_current=False)
+    first, again, other = (_request(t, app) for t in ("task-1", "task-1", "task-2"))
+    for request in (first, again, other):
+        freeze_links(request)
+
+    def ids(request: Context) -> list[Any]:
+        link, frozen, both = request.callbacks
+        members = [m["options"]["task_id"] for m in both["kwargs"]["tasks"]]
+        return [link["options"]["task_id"], frozen["options"]["task_id"],
+                both["options"]["task_id"], *members,
+                request.errbacks[0]["options"]["task_id"]]
+
+    assert ids(first) == ids(again)
+    assert len(set(ids(first))) == 6  # all distinct
+    assert ids(first)[1] == "fixed-id" == ids(other)[1]
+    assert not set(ids(first)) - {"fixed-id"} & set(ids(other))
+    freeze_links(first)  # a second pass (a redelivery in the same process) changes nothing
+    assert ids(first) == ids(again)
+    freeze_links(Context(id=None, callbacks=None))  # nothing to derive from: untouched
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.settled: list[Any] = []
+
+    def settle_many(self, leases: list[Any]) -> list[bool]:
+        self.settled += leases
+        return [True] * len(leases)
+
+
+def test_a_subclass_after_return_cannot_skip_the_settle_confirmation() -> None:
+    """A LeasedTask subclass whose own ``after_return`` does not call ``super()`` still ends
+    the settle phase of a stored SUCCESS; a RETRY (nothing stored) confirms nothing."""
+    calls: list[str] = []
+
+    class Mine(LeasedTask):
+        name = "tests.settle_units.mine"
+
+        def after_return(self, status: str, *args: Any, **kwargs: Any) -> None:
+            calls.append(status)
+
+    from lease_celery.models import Lease
+
+    store = _Store()
+    lease = Lease("k", "me", 1, 0.0)
+    handle = LeaseHandle(lease, store=store,  # type: ignore[arg-type]
+                         ttl=10, heartbeat_interval=1, sent_at=0.0)
+    handle.settling = True
+    app = Celery("settle-units-2", set_as_current=False)
+    task = app.register_task(Mine())
+    task.push_request(lease=handle)
+    try:
+        task.after_return("RETRY", None, "id", (), {}, None)
+        assert handle.settling and calls == ["RETRY"]
+        task.after_return("SUCCESS", 1, "id", (), {}, None)
+        assert not handle.settling and calls == ["RETRY", "SUCCESS"]
+    finally:
+        task.pop_request()
+    Heartbeat.for_process().flush_settles()
+    assert store.settled == [lease]
+    confirm_stored(handle, "SUCCESS")  # once only
+    Heartbeat.for_process().flush_settles()
+    assert store.settled == [lease]
