@@ -16,6 +16,7 @@ from celery import signals as celery_signals
 
 from .errors import LeaseError
 from .heartbeat import Heartbeat
+from .settings import sweep_grace
 from .stores.base import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
@@ -56,6 +57,10 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
         return
+    try:
+        sweep_grace(app)
+    except LeaseError as exc:
+        raise SystemExit(f"lease_celery: {exc}") from exc
     for url in leased_store_urls(app):
         try:
             open_store(url).close()
