@@ -14,6 +14,7 @@ does not look like a dead owner.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -55,6 +56,7 @@ class Heartbeat:
         self._handles: set[LeaseHandle] = set()
         self._to_settle: list[LeaseHandle] = []
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
+        self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
         self._thread.start()
@@ -63,7 +65,10 @@ class Heartbeat:
         with self._wake:
             handle.closed = False
             self._handles.add(handle)
-            self._wake.notify()
+            # The thread sleeps until its next due renewal: wake it only if this handle falls
+            # due before that (a new claim usually does not: waking it costs every task).
+            if handle.next_renewal_at < self._sleeping_until:
+                self._wake.notify()
 
     def unwatch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -76,7 +81,8 @@ class Heartbeat:
             handle.closed = True
             self._handles.discard(handle)
             self._to_settle.append(handle)
-            self._wake.notify()
+            if len(self._to_settle) == 1:  # later ones join the batch the thread will send
+                self._wake.notify()
 
     def flush_settles(self) -> None:
         """Send the queued confirmations now, in the calling thread (the process is going)."""
@@ -111,13 +117,20 @@ class Heartbeat:
                 settles: list[LeaseHandle] = []
                 if self._to_settle and now >= self._settle_after:
                     settles, self._to_settle = self._to_settle, []
-                due = [h for h in self._handles if h.next_renewal_at <= now]
-                if due or settles:
+                if settles or any(h.next_renewal_at <= now for h in self._handles):
+                    # Some lease is due: renew with it every lease due within half its
+                    # interval. Renewing early is safe, and leases that started at different
+                    # instants fall into one batch (one round trip per interval per store)
+                    # instead of one round trip each.
+                    due = [h for h in self._handles
+                           if h.next_renewal_at - h.heartbeat_interval / 2 <= now]
                     return due, settles
                 wake_at = [h.next_renewal_at for h in self._handles]
                 if self._to_settle:
                     wake_at.append(self._settle_after)
-                self._wake.wait(min(wake_at) - now if wake_at else None)
+                self._sleeping_until = min(wake_at) if wake_at else math.inf
+                self._wake.wait(self._sleeping_until - now if wake_at else None)
+                self._sleeping_until = -math.inf
 
     def _send_settles(self, handles: list[LeaseHandle]) -> None:
         """Confirm settled outcomes, one round trip per store; a store that fails is retried

@@ -94,3 +94,47 @@ def test_unreachable_postgres_reports_the_lease_lost_by_its_deadline(
             # Lost no later than a few retries after the deadline it could have held to.
             assert time.monotonic() - cut_at < 1.5 + 3
     assert "unreachable" in lost_signals.reasons[0]
+
+
+class CountingStore:
+    """A real store whose ``renew_many`` calls are counted (round trips per interval)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.calls, self.renewed = store, 0, 0
+
+    def renew_many(self, leases: Any, *, ttl: float) -> Any:
+        self.calls += 1
+        self.renewed += len(leases)
+        return self.store.renew_many(leases, ttl=ttl)
+
+
+def test_staggered_leases_renew_in_one_batch_per_interval(sqlite_url: str) -> None:
+    """1,000 leases claimed one after another across a whole interval (a threads-pool worker's
+    start times) are renewed in at most two store round trips per interval once the first
+    interval passed, not one each; every lease stays held."""
+    interval, ttl, count = 0.4, 1.6, 1000
+    with open_store(sqlite_url) as store:
+        counting = CountingStore(store)
+        handles = []
+        start = time.monotonic()
+        for n in range(count):
+            lease = store.claim(f"hb:many:{n}", owner="heartbeat-test", ttl=ttl)
+            assert lease is not None
+            handle = LeaseHandle(lease, store=counting,  # type: ignore[arg-type]
+                                 ttl=ttl, heartbeat_interval=interval,
+                                 sent_at=time.monotonic())
+            handles.append(handle)
+            Heartbeat.for_process().watch(handle)
+            time.sleep(max(0.0, start + interval * (n + 1) / count - time.monotonic()))
+        try:
+            time.sleep(interval * 1.5)  # the batches converge
+            calls, renewed = counting.calls, counting.renewed
+            time.sleep(interval * 5)
+            assert counting.calls - calls <= 2 * 5 + 1, (
+                f"{counting.calls - calls} round trips in 5 intervals")
+            assert counting.renewed - renewed >= count * 4  # every lease, every interval
+            for handle in handles:
+                handle.check()
+        finally:
+            for handle in handles:
+                Heartbeat.for_process().unwatch(handle)

@@ -196,10 +196,12 @@ class SQLiteStore(Store):
                 if remaining <= 0:
                     raise StoreBusy(f"sqlite store {self.path!r} stayed locked for more than "
                                     f"{self.busy_timeout:g}s ({exc})") from exc
-                # Full jitter: spreads 16 contending processes instead of waking them together;
-                # a floor keeps the count of attempts bounded.
+                # Full jitter: spreads 16 contending processes instead of waking them together.
+                # The first pauses are tens of microseconds: a lease write holds the lock for
+                # about that long, and sleeping milliseconds on every collision cost more
+                # than the write itself. The growth (to 50 ms) bounds the count of attempts.
                 attempt += 1
-                pause = min(remaining, random.uniform(0.0005, min(0.05, 0.001 * 2 ** attempt)))
+                pause = min(remaining, random.uniform(0.00002, min(0.05, 0.0001 * 2 ** attempt)))
                 time.sleep(pause)
                 waited += pause
             except sqlite3.Error as exc:
