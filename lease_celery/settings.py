@@ -14,8 +14,8 @@ from .errors import ConfigError, LeaseError
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
 from .stores.base import DEFAULT_SWEEP_GRACE, check_ttl, store_class
 
-__all__ = ["DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings", "resolve_settings",
-           "sweep_grace"]
+__all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings",
+           "resolve_settings", "retention", "sweep_grace"]
 
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
@@ -83,6 +83,22 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
                           f"got {retry_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
                          policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value))
+
+
+#: Default of ``lease_retention``: settled done/dead rows older than this are pruned.
+DEFAULT_RETENTION = 7 * 24 * 3600.0
+
+
+def retention(app: Any) -> float:
+    """``lease_retention``: seconds a settled done/dead row is kept (0: forever)."""
+    conf = getattr(app, "conf", None)
+    value = conf.get("lease_retention") if conf is not None else None
+    if value is None:
+        return DEFAULT_RETENTION
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"lease_retention must be a number of seconds >= 0 (0 keeps rows "
+                          f"forever), got {value!r}")
+    return float(value)
 
 
 def sweep_grace(app: Any) -> float:

@@ -31,10 +31,10 @@ from . import signals
 from .delivery import republish
 from .errors import LeaseError
 from .models import LeaseRecord
-from .settings import sweep_grace
-from .stores.base import Store, open_store
+from .settings import retention, sweep_grace
+from .stores.base import PURGE_BATCH, Store, open_store
 
-__all__ = ["SweeperThread", "leased_store_urls", "sweep", "sweep_app"]
+__all__ = ["SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,18 @@ def sweep(app: Any, store: Store, *, limit: int = 100,
     return swept
 
 
+def prune(app: Any, store: Store, *, limit: int = PURGE_BATCH) -> int:
+    """Retention: delete up to ``limit`` settled done/dead rows older than the app's
+    ``lease_retention`` (none when it is 0), in one short write; tokens never restart."""
+    keep_for = retention(app)
+    if keep_for <= 0:
+        return 0
+    pruned = store.purge_older_than(keep_for, limit=limit)
+    if pruned:
+        logger.info("lease retention: %d rows older than %.0fs pruned", pruned, keep_for)
+    return pruned
+
+
 def leased_store_urls(app: Any) -> list[str]:
     """The distinct lease stores used by the app's LeasedTasks."""
     from .task import LeasedTask
@@ -76,6 +88,7 @@ def sweep_app(app: Any, *, limit: int = 100) -> list[LeaseRecord]:
     for url in leased_store_urls(app):
         with open_store(url) as store:
             swept += sweep(app, store, limit=limit)
+            prune(app, store)
     return swept
 
 
@@ -112,6 +125,7 @@ class SweeperThread:
                 try:
                     store = stores.get(url) or stores.setdefault(url, open_store(url))
                     sweep(self.app, store)
+                    prune(self.app, store)
                 except LeaseError as exc:  # the store is down: try again next round
                     logger.warning("lease sweeper: %s", exc)
                 except Exception:

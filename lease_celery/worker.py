@@ -16,7 +16,7 @@ from celery import signals as celery_signals
 
 from .errors import LeaseError
 from .heartbeat import Heartbeat
-from .settings import sweep_grace
+from .settings import retention, sweep_grace
 from .stores.base import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
@@ -59,6 +59,7 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
         return
     try:
         sweep_grace(app)
+        retention(app)
     except LeaseError as exc:
         raise SystemExit(f"lease_celery: {exc}") from exc
     for url in leased_store_urls(app):

@@ -39,6 +39,9 @@ MAX_KEY_LENGTH = 512
 #: re-published): at most one re-publish per row per grace period.
 DEFAULT_SWEEP_GRACE = 60.0
 
+#: Rows one purge transaction removes at most (retention prunes in batches of this size).
+PURGE_BATCH = 500
+
 # scheme -> "module:Class", imported lazily so optional drivers stay optional.
 _SCHEMES: dict[str, str] = {
     "sqlite": "lease_celery.stores.sqlite:SQLiteStore",
@@ -183,8 +186,10 @@ class Store(abc.ABC):
         """Row counts by state, and how many running rows have expired."""
 
     @abc.abstractmethod
-    def purge_older_than(self, seconds: float) -> int:
-        """Delete ``done``/``dead`` rows not updated for ``seconds``; tokens are retired."""
+    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
+        """Delete settled ``done``/``dead`` rows not updated for ``seconds``, oldest first, at
+        most ``limit`` of them (None: all, in batches of ``PURGE_BATCH``, each its own short
+        write); return how many. Tokens are retired: a key claimed again continues."""
 
     @abc.abstractmethod
     def sweep_unmark(self, key: str, token: int) -> bool:

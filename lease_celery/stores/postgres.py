@@ -25,6 +25,7 @@ from ..errors import ConfigError, LeaseLost, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     DEFAULT_SWEEP_GRACE,
+    PURGE_BATCH,
     Clock,
     Store,
     check_delay,
@@ -147,6 +148,7 @@ class PostgresStore(Store):
                 conn.execute(self._q["migrate_columns"])
                 conn.execute(self._q["migrate_fill_sweep_at"])
             conn.execute(self._q["create_sweep_index"])
+            conn.execute(self._q["create_terminal_index"])
             conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def close(self) -> None:
@@ -315,9 +317,20 @@ class PostgresStore(Store):
         return StoreStats(counts={state: int(n) for state, n, _ in rows},
                           expired=sum(int(expired) for _, _, expired in rows))
 
-    def purge_older_than(self, seconds: float) -> int:
-        params = self._params(seconds=check_delay(seconds))
-        return len(self._run(lambda conn: conn.execute(self._q["purge_old"], params).fetchall()))
+    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
+        batch = PURGE_BATCH if limit is None else check_limit(limit)
+        params = self._params(seconds=check_delay(seconds), limit=batch)
+
+        def purge() -> int:
+            return len(self._run(lambda conn: conn.execute(
+                self._q["purge_old"], params).fetchall()))
+
+        # Small statements: no row lock is held for a whole table's worth.
+        purged = total = purge()
+        while limit is None and purged == batch:
+            purged = purge()
+            total += purged
+        return total
 
     def sweep_unmark(self, key: str, token: int) -> bool:
         return self._returns_row("sweep_unmark", key=check_key(key), token=token)

@@ -258,9 +258,15 @@ class RedisStore(Store):
                         and (record.expires_at or 0.0) <= now)
         return StoreStats(counts=counts, expired=expired)
 
-    def purge_older_than(self, seconds: float) -> int:
+    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
         seconds = check_delay(seconds)
-        return sum(int(self._call("purge_old", self._keys(key)[:1], [repr(seconds)]))
+        if limit is not None:  # retention: the oldest, from the terminal index
+            return int(self._call("prune", [self._running],
+                                  [repr(seconds), str(check_limit(limit))]))
+        # All of them (an operator's purge): every hash, rows written before the terminal
+        # index existed included.
+        return sum(int(self._call("purge_old", [self._keys(key)[0], self._running],
+                                  [repr(seconds)]))
                    for key in list(self._lease_keys()))
 
     def sweep_unmark(self, key: str, token: int) -> bool:

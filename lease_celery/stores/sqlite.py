@@ -25,6 +25,7 @@ from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     DEFAULT_SWEEP_GRACE,
+    PURGE_BATCH,
     Clock,
     Store,
     check_delay,
@@ -157,6 +158,7 @@ class SQLiteStore(Store):
             if row is not None and int(row[0]) < 2:
                 self._migrate_to_2(conn)
             conn.execute(_Q["create_sweep_index"])
+            conn.execute(_Q["create_terminal_index"])
             if row is None or int(row[0]) != SCHEMA_VERSION:
                 conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
             conn.execute("COMMIT")
@@ -325,14 +327,22 @@ class SQLiteStore(Store):
         return StoreStats(counts={state: int(n) for state, n, _ in rows},
                           expired=sum(int(expired or 0) for _, _, expired in rows))
 
-    def purge_older_than(self, seconds: float) -> int:
+    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
         seconds = check_delay(seconds)
+        batch = PURGE_BATCH if limit is None else check_limit(limit)
 
         def body(conn: sqlite3.Connection, now: float) -> int:
-            conn.execute(_Q["retire_old"], {"cutoff": now - seconds})
-            return int(conn.execute(_Q["purge_old"], {"cutoff": now - seconds}).rowcount)
+            params = {"cutoff": now - seconds, "limit": batch}
+            conn.execute(_Q["retire_old"], params)
+            return int(conn.execute(_Q["purge_old"], params).rowcount)
 
-        return self._write(body)
+        # Small transactions: the write lock is never held for a whole table's worth.
+        purged = self._write(body)
+        total = purged
+        while limit is None and purged == batch:
+            purged = self._write(body)
+            total += purged
+        return total
 
     def sweep_expired(self, *, limit: int = 100,
                       grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:

@@ -51,6 +51,11 @@ SET sweep_at = CASE WHEN state = 'running' THEN expires_at
                     ELSE COALESCE(not_before, updated_at) END
 WHERE state IN ('running', 'ready') AND task IS NOT NULL
 
+-- name: create_terminal_index
+-- Retention reads the oldest terminal rows, and only those.
+CREATE INDEX IF NOT EXISTS lease_celery_leases_terminal
+ON {schema}.lease_celery_leases (updated_at) WHERE state IN ('done', 'dead')
+
 -- name: create_sweep_index
 CREATE INDEX IF NOT EXISTS lease_celery_leases_sweep ON {schema}.lease_celery_leases (sweep_at)
 WHERE sweep_at IS NOT NULL
@@ -331,15 +336,23 @@ SELECT state, count(*),
 FROM {schema}.lease_celery_leases WHERE state <> 'purged' GROUP BY state
 
 -- name: purge_old
--- Tombstone old done/dead rows: only key and token remain, so tokens never restart.
+-- Tombstone the oldest settled done/dead rows (at most %(limit)s; NULL for all): only key and
+-- token remain, so tokens never restart. Read through the partial index on terminal rows.
 WITH clock AS (SELECT COALESCE(%(now)s::double precision,
-                               extract(epoch FROM clock_timestamp())::double precision) AS now)
+                               extract(epoch FROM clock_timestamp())::double precision) AS now),
+old AS (
+    SELECT l.key FROM {schema}.lease_celery_leases AS l, clock
+    WHERE l.state IN ('done', 'dead') AND NOT l.settling
+      AND l.updated_at < clock.now - %(seconds)s
+    ORDER BY l.updated_at LIMIT %(limit)s
+    FOR UPDATE OF l SKIP LOCKED
+)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
     not_before = NULL, swept_token = NULL, settling = false, sweep_at = NULL, swept_by = NULL,
     updated_at = clock.now
-FROM clock
-WHERE l.state IN ('done', 'dead') AND l.updated_at < clock.now - %(seconds)s
+FROM clock, old
+WHERE l.key = old.key
 RETURNING l.key
 
 -- name: lock_current

@@ -19,6 +19,11 @@ local function watch(index, hash, at)
   if redis.call('HEXISTS', hash, 'task') == 1 then redis.call('ZADD', index, at, hash)
   else redis.call('ZREM', index, hash) end
 end
+-- The terminal index (a sorted set of settled done/dead hashes by when they ended) is what
+-- retention prunes, oldest first, without reading the live rows.
+local function terminal_index(index)
+  return string.sub(index, 1, -8) .. 'terminal'  -- "<prefix>running" -> "<prefix>terminal"
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -49,6 +54,7 @@ redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by')
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4])
 else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 watch(KEYS[4], KEYS[1], tonumber(deadline))
+redis.call('ZREM', terminal_index(KEYS[4]), KEYS[1])
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
 
 -- name: renew
@@ -104,6 +110,7 @@ elseif ARGV[8] ~= '' then  -- done/dead, settling until the owner confirms or th
 else
   if ARGV[4] == 'done' then redis.call('HDEL', KEYS[1], 'task') end
   redis.call('ZREM', KEYS[2], KEYS[1])
+  redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
 end
 return 1
 
@@ -123,6 +130,7 @@ for i = 2, #KEYS do
     redis.call('HSET', key, 'updated_at', fmt(t))
     if state == 'done' then redis.call('HDEL', key, 'task') end
     redis.call('ZREM', KEYS[1], key)
+    redis.call('ZADD', terminal_index(KEYS[1]), t, key)
     out[n] = 1
   elseif ours and (state == 'done' or state == 'dead') then
     out[n] = 1
@@ -168,6 +176,7 @@ redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
            'updated_at', fmt(t), 'reason', ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
 watch(KEYS[2], KEYS[1], t)
+redis.call('ZREM', terminal_index(KEYS[2]), KEYS[1])
 return 1
 
 -- name: sweep
@@ -212,13 +221,37 @@ redis.call('ZADD', KEYS[2], 0, KEYS[1])
 return 1
 
 -- name: purge_old
--- Delete one done/dead hash last updated before now - ARGV[2] (its token counter stays).
+-- Delete one settled done/dead hash last updated before now - ARGV[2] (its token counter
+-- stays). KEYS: lease hash, running index.
 local t = now(ARGV[1])
-local state, updated_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'updated_at'))
-if (state == 'done' or state == 'dead') and tonumber(updated_at) < t - tonumber(ARGV[2]) then
+local state, updated_at, settling = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'updated_at', 'settling'))
+if (state == 'done' or state == 'dead') and settling ~= '1'
+    and tonumber(updated_at) < t - tonumber(ARGV[2]) then
+  redis.call('ZREM', terminal_index(KEYS[2]), KEYS[1])
   return redis.call('DEL', KEYS[1])
 end
 return 0
+
+-- name: prune
+-- Retention: delete the oldest settled done/dead hashes ended before now - ARGV[2], at most
+-- ARGV[3], read from the terminal index (their token counters stay). KEYS[1]: the running
+-- index (the terminal index is named after it).
+local t = now(ARGV[1])
+local index = terminal_index(KEYS[1])
+local cutoff = t - tonumber(ARGV[2])
+local deleted = 0
+for _, hash in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. cutoff, 'LIMIT', 0,
+                                 tonumber(ARGV[3]))) do
+  redis.call('ZREM', index, hash)
+  local state, updated_at, settling = unpack(redis.call(
+    'HMGET', hash, 'state', 'updated_at', 'settling'))
+  if (state == 'done' or state == 'dead') and settling ~= '1'
+      and tonumber(updated_at) < cutoff then
+    deleted = deleted + redis.call('DEL', hash)
+  end
+end
+return deleted
 
 -- name: purge
 -- Delete the hash unless a live lease holds it; the token counter (KEYS[2]) stays.
@@ -229,6 +262,7 @@ if not state or (state == 'running' and tonumber(expires_at) > t) then
   return 0
 end
 redis.call('ZREM', KEYS[3], KEYS[1])
+redis.call('ZREM', terminal_index(KEYS[3]), KEYS[1])
 return redis.call('DEL', KEYS[1])
 
 -- name: effect_insert

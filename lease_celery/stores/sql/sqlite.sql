@@ -30,6 +30,11 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
 CREATE INDEX IF NOT EXISTS lease_celery_leases_sweep ON lease_celery_leases (sweep_at)
 WHERE sweep_at IS NOT NULL
 
+-- name: create_terminal_index
+-- Retention reads the oldest terminal rows, and only those.
+CREATE INDEX IF NOT EXISTS lease_celery_leases_terminal ON lease_celery_leases (updated_at)
+WHERE state IN ('done', 'dead')
+
 -- name: table_columns
 SELECT name FROM pragma_table_info('lease_celery_leases')
 
@@ -255,15 +260,21 @@ SELECT state, count(*), sum(state = 'running' AND expires_at <= :now)
 FROM lease_celery_leases GROUP BY state
 
 -- name: retire_old
--- purge_older_than, step 1: remember the tokens of old done/dead rows.
+-- purge_older_than, step 1: remember the tokens of the oldest settled done/dead rows (at most
+-- :limit, -1 for all; read through the partial index on terminal rows).
 INSERT INTO lease_celery_retired (key, token)
 SELECT key, token FROM lease_celery_leases
-WHERE state IN ('done', 'dead') AND updated_at < :cutoff
+WHERE key IN (SELECT key FROM lease_celery_leases
+              WHERE state IN ('done', 'dead') AND updated_at < :cutoff AND settling = 0
+              ORDER BY updated_at LIMIT :limit)
 ON CONFLICT (key) DO UPDATE SET token = max(token, excluded.token)
 
 -- name: purge_old
--- purge_older_than, step 2 (same transaction).
-DELETE FROM lease_celery_leases WHERE state IN ('done', 'dead') AND updated_at < :cutoff
+-- purge_older_than, step 2 (same transaction, so the same rows).
+DELETE FROM lease_celery_leases
+WHERE key IN (SELECT key FROM lease_celery_leases
+              WHERE state IN ('done', 'dead') AND updated_at < :cutoff AND settling = 0
+              ORDER BY updated_at LIMIT :limit)
 
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
