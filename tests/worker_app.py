@@ -310,3 +310,121 @@ app.conf.update({name: value for name, value in {
     "lease_metrics_port": _int_env("LEASE_TEST_METRICS_PORT"),
     "worker_soft_shutdown_timeout": _float_env("LEASE_TEST_SOFT_SHUTDOWN"),
 }.items() if value is not None})
+
+
+# -- settle (tests/test_settle_workers.py) ----------------------------------------------------
+# Tasks for the seams between the lease row and Celery's own lifecycle (DESIGN.md §6), and
+# Celery's task signals journaled per task id (what the result backend and the callbacks saw).
+
+
+def _open_store_connections(store: Any, count: int = 4) -> None:
+    """Have ``count`` threads use the store at the same instant (its pool grows to match)."""
+    import threading
+
+    barrier = threading.Barrier(count)
+
+    def use() -> None:
+        barrier.wait(5)
+        for _ in range(3):
+            store.now()
+
+    threads = [threading.Thread(target=use) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def settle_until_lost(self: LeasedTask, job_id: str, first_for: float = 20.0) -> dict[str, Any]:
+    """Token 1 runs (checking the lease every 0.1 s) for up to ``first_for`` seconds, i.e.
+    until ``check()`` raises LeaseLost; later generations return at once.
+
+    Token 1 first opens a few store connections at once, so that while the test slows the
+    store's replies down the heartbeat and the body each find a connection already open (a new
+    one would cost several slow round trips to set up, and change the timing under test)."""
+    lease = self.lease
+    if lease.token == 1:
+        _open_store_connections(self.lease_store)
+    record("body_start", job_id=job_id, token=lease.token, owner=lease.owner,
+           task_id=self.request.id)
+    deadline = time.monotonic() + (first_for if lease.token == 1 else 0.0)
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            lease.check()
+    except LeaseLost as exc:
+        record("body_lease_lost", job_id=job_id, token=lease.token, reason=str(exc))
+        raise
+    record("body_end", job_id=job_id, token=lease.token)
+    return {"job_id": job_id, "token": lease.token, "owner": lease.owner}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def settle_quick(self: LeasedTask, job_id: str) -> dict[str, Any]:
+    """Return at once; with ``LEASE_TEST_SETTLE_HOLD`` set, the lease_finished receiver below
+    holds this task between its accepted finish and Celery's result write."""
+    record("body_start", job_id=job_id, token=self.lease.token, owner=self.lease.owner,
+           task_id=self.request.id)
+    return {"job_id": job_id, "token": self.lease.token, "owner": self.lease.owner}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", soft_time_limit=1)
+def settle_soft_limited(self: LeasedTask, job_id: str, seconds: float = 3.0) -> None:
+    """Sleep past the task's soft time limit (1 s)."""
+    record("body_start", job_id=job_id, token=self.lease.token, task_id=self.request.id)
+    time.sleep(seconds)
+    record("body_end", job_id=job_id, token=self.lease.token)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", time_limit=1)
+def settle_hard_limited(self: LeasedTask, job_id: str, seconds: float = 3.0) -> None:
+    """Sleep past the task's hard time limit (1 s): the pool kills the process running it."""
+    record("body_start", job_id=job_id, token=self.lease.token, task_id=self.request.id)
+    time.sleep(seconds)
+    record("body_end", job_id=job_id, token=self.lease.token)
+
+
+_SETTLE_HOLD = _float_env("LEASE_TEST_SETTLE_HOLD")
+
+
+def _hold_after_finish(sender: Any = None, key: str | None = None, **_: Any) -> None:
+    """lease_finished of settle_quick: journal, then sleep ``LEASE_TEST_SETTLE_HOLD`` seconds
+    (the accepted result is in the lease row, not yet in the result backend)."""
+    if _SETTLE_HOLD and getattr(sender, "name", None) == settle_quick.name:
+        record("settle_hold", key=key, task_id=sender.request.id, seconds=_SETTLE_HOLD)
+        time.sleep(_SETTLE_HOLD)
+        record("settle_hold_over", key=key, task_id=sender.request.id)
+
+
+lease_celery.signals.lease_finished.connect(_hold_after_finish, weak=False)
+
+
+@signals.task_success.connect
+def _journal_task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
+    record("task_success", task=getattr(sender, "name", None),
+           task_id=getattr(getattr(sender, "request", None), "id", None), result=result)
+
+
+@signals.task_failure.connect
+def _journal_task_failure(sender: Any = None, task_id: str | None = None,
+                          exception: BaseException | None = None, **_: Any) -> None:
+    record("task_failure", task=getattr(sender, "name", None), task_id=task_id,
+           exception=repr(exception))
+
+
+@signals.task_postrun.connect
+def _journal_task_postrun(sender: Any = None, task_id: str | None = None,
+                          state: str | None = None, **_: Any) -> None:
+    record("task_postrun", task=getattr(sender, "name", None), task_id=task_id, state=state)
+
+
+
+@signals.task_received.connect
+def _journal_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    record("task_received", task=getattr(request, "name", None),
+           task_id=getattr(request, "id", None))
+
+
+if os.environ.get("LEASE_TEST_RESULT_BACKEND"):
+    app.conf.result_backend = os.environ["LEASE_TEST_RESULT_BACKEND"]
