@@ -318,3 +318,25 @@ def test_hard_time_limit_fails_the_task_and_the_key_stays_dead(workers: WorkerPo
     record = _record(workers.store_url, key)
     assert record is not None and record.state is LeaseState.DEAD, _describe(record)
     assert AsyncResult(task_id, app=workers.client).state == "FAILURE"
+
+
+@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
+                        LEASE_TEST_BACKOFF_BASE="0.2", LEASE_TEST_BACKOFF_MAX="0.5")
+@pytest.mark.parametrize("limit", ["soft", "hard"])
+def test_time_limits_are_retried_when_the_task_opts_in(workers: WorkerPool, limit: str) -> None:
+    """``lease_retry_time_limits=True``: a soft limit is retried by the policy (released with a
+    backoff), a hard one is released and re-published by the worker's main process; the
+    second generation succeeds, and the backend ends with its SUCCESS."""
+    workers.start("a", concurrency=2)
+    job, task_id = _job(), str(uuid.uuid4())
+    name = f"tests.worker_app.{limit}_limited_retried"
+    workers.client.send_task(name, args=(job,), task_id=task_id)
+    record = _wait_for_state(workers.store_url, f"job:{job}", LeaseState.DONE, timeout=25)
+    assert record is not None and record.state is LeaseState.DONE, _describe(record)
+    assert record.token == 2 and record.result == {"job_id": job, "token": 2}
+    deadline = time.monotonic() + 10
+    result = AsyncResult(task_id, app=workers.client)
+    while result.state != "SUCCESS" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert result.state == "SUCCESS" and result.result == record.result
+    assert [s["token"] for s in workers.journal.events("body_start", job_id=job)] == [1, 2]

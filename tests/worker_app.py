@@ -428,3 +428,27 @@ def _journal_task_received(sender: Any = None, request: Any = None, **_: Any) ->
 
 if os.environ.get("LEASE_TEST_RESULT_BACKEND"):
     app.conf.result_backend = os.environ["LEASE_TEST_RESULT_BACKEND"]
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", soft_time_limit=1,
+          lease_retry_time_limits=True)
+def soft_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
+    """Opted into retrying time limits: the first generation sleeps past the soft limit (1 s),
+    later ones return at once."""
+    token = self.lease.token
+    record("body_start", job_id=job_id, token=token, task_id=self.request.id)
+    if token == 1:
+        time.sleep(3.0)
+    return {"job_id": job_id, "token": token}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", time_limit=1,
+          lease_retry_time_limits=True)
+def hard_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
+    """Opted into retrying time limits: the first generation sleeps past the hard limit (1 s:
+    the pool kills it), later ones return at once."""
+    token = self.lease.token
+    record("body_start", job_id=job_id, token=token, task_id=self.request.id)
+    if token == 1:
+        time.sleep(3.0)
+    return {"job_id": job_id, "token": token}
