@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.servers import postgres_reachable, redis_reachable, require
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,3 +32,41 @@ def test_store_cycle_benchmark_runs_on_every_store() -> None:
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
     assert all(ratio > 0 for ratio in rows.values())
 
+
+
+@pytest.mark.worker
+def test_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
+    """``benchmarks/throughput.py``, tiny: real prefork workers for plain, SQLite, Redis and
+    PostgreSQL print a rate and a ratio each, and the run leaves no key or schema behind."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    # --deadline below the subprocess timeout: the harness stops and cleans up by itself
+    # first (and its workers die with it even if it is killed).
+    run = subprocess.run([sys.executable, "benchmarks/throughput.py",
+                          "--variants", "plain,sqlite,redis,postgres", "--body", "noop",
+                          "--tasks", "50", "--rounds", "1", "--deadline", "100"],
+                         cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3)))
+            for m in re.finditer(r"^(plain|sqlite|redis|postgres)\s+noop\s+50\s+([\d,]+)"
+                                 r"\s+([\d.]+)\s", run.stdout, re.MULTILINE)}
+    assert set(rows) == {"plain", "sqlite", "redis", "postgres"}, run.stdout
+    assert all(rate > 0 and ratio > 0 for rate, ratio in rows.values()), run.stdout
+
+    found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
+    assert found, run.stdout
+    prefix = f"bench_{found.group(1)}"
+    import psycopg
+    import redis
+
+    from benchmarks import throughput
+
+    for db in (throughput.BROKER_DB, throughput.STORE_DB):
+        client = redis.Redis(host=throughput.REDIS_HOST, port=throughput.REDIS_PORT, db=db)
+        assert not list(client.scan_iter(f"{prefix}:*")), f"keys left in db {db}"
+        assert not list(client.scan_iter(f"qo_*{found.group(1)}*"))
+    with psycopg.connect(throughput.PG_DSN) as conn:
+        left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (prefix,)).fetchone()
+    assert left is None, f"schema {prefix} left behind"
