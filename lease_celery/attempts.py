@@ -15,6 +15,8 @@ import random
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
+from celery.app.task import get_actual_ignore_result
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from . import signals
@@ -42,11 +44,24 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             settings = type(self)._lease_settings = resolve_settings(self.app, type(self))
         return settings
 
-    def _settle_within(self, settings: LeaseSettings) -> float | None:
-        """How long the owner has to confirm that Celery stored the outcome; None when no
-        worker stores it (an eager or direct call: the caller gets it straight away)."""
+    def _settle_within(self, settings: LeaseSettings, *, failed: bool = False) -> float | None:
+        """How long the owner has to confirm that Celery stored the outcome; None when Celery
+        does nothing after the lease's outcome, so the key settles at once: an eager or direct
+        call (the caller gets the outcome itself), or a result Celery will not store with no
+        callback, chain step or chord to send (the commonest fire-and-forget task: no settle
+        write at all)."""
         request = self.request
-        return None if request.is_eager or request.called_directly else settings.ttl
+        if request.is_eager or request.called_directly:
+            return None
+        ignored = bool(get_actual_ignore_result(self, request)) or isinstance(
+            self.backend, DisabledBackend)
+        if failed:
+            stores = not ignored or bool(self.store_errors_even_if_ignored)
+            sends = bool(request.errbacks or request.chord)
+        else:
+            stores = not ignored
+            sends = bool(request.callbacks or request.chain or request.chord)
+        return settings.ttl if stores or sends else None
 
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,
@@ -171,7 +186,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     def _kill(self, handle: LeaseHandle, reason: str) -> None:
         """Mark the key dead; the failure then settles like a finish (after_return)."""
-        settle_within = self._settle_within(self.lease_settings)
+        settle_within = self._settle_within(self.lease_settings, failed=True)
         try:
             killed = handle.store.kill(handle.lease, reason=reason[:2000],
                                        settle_within=settle_within)

@@ -202,7 +202,7 @@ class LeasedTask(AttemptEnding):
             if record is None:
                 continue  # purged between our claim and our look: claim again
             if (record.settling and record.task_id == self.request.id
-                    and self._settle_within(settings) is not None):
+                    and not (self.request.is_eager or self.request.called_directly)):
                 self._complete(store, record, owner, settings, args, kwargs)
                 continue  # another delivery took the settlement first: look again
             if record.state in (LeaseState.DONE, LeaseState.DEAD):

@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery, group
 from celery.app.task import Context
 
-from lease_celery import LeasedTask
+from lease_celery import LeasedTask, signals
 from lease_celery.handle import LeaseHandle
 from lease_celery.heartbeat import Heartbeat
 from lease_celery.settle import confirm_stored, freeze_links
@@ -90,3 +90,57 @@ def test_a_subclass_after_return_cannot_skip_the_settle_confirmation() -> None:
     confirm_stored(handle, "SUCCESS")  # once only
     Heartbeat.for_process().flush_settles()
     assert store.settled == [lease]
+
+
+def _trace(app: Celery, task: Any, task_id: str, args: tuple[Any, ...],
+           **request: Any) -> Any:
+    """Run ``task`` as a worker would (Celery's tracer, not eager), in this process."""
+    from celery.app.trace import build_tracer
+
+    tracer = build_tracer(task.name, task, app=app, eager=False, propagate=True)
+    message = {"id": task_id, "task": task.name, "args": list(args), "kwargs": {},
+               "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0,
+                                 "redelivered": False}, "hostname": "test", **request}
+    return tracer(task_id, args, {}, message)
+
+
+def test_a_result_nobody_stores_or_sends_settles_in_the_finish_itself(
+        sqlite_url: str) -> None:
+    """Through Celery's own tracer: an ignored result with no callback settles at once (no
+    settle write); with a ``link`` the key goes through the settle phase, confirmed by the
+    heartbeat once Celery sent the callback."""
+    app = Celery("settle-units-trace", broker="memory://", backend="disabled://",
+                 set_as_current=False)
+    app.conf.update(lease_store_url=sqlite_url, task_ignore_result=True,
+                    lease_sweep_interval=0)
+
+    @app.task(bind=True, base=LeasedTask, lease_key="unit:{n}", shared=False)
+    def quiet(self: LeasedTask, n: int) -> int:
+        return n
+
+    app.finalize()
+    settled: list[str] = []
+
+    def on_settled(sender: Any = None, key: str = "", **_: Any) -> None:
+        settled.append(key)
+
+    signals.lease_settled.connect(on_settled, weak=False)
+    try:
+        _run_quiet_and_linked(app, quiet, sqlite_url)
+    finally:
+        signals.lease_settled.disconnect(on_settled)
+    assert settled == ["unit:2"]  # only the linked one went through a settle phase
+
+
+def _run_quiet_and_linked(app: Celery, quiet: Any, sqlite_url: str) -> None:
+    from lease_celery import open_store
+
+    with open_store(sqlite_url) as store:
+        _trace(app, quiet, "t-quiet", (1,))
+        record = store.get("unit:1")
+        assert record is not None and record.state.value == "done" and not record.settling
+        link = app.signature("proj.callback")
+        _trace(app, quiet, "t-linked", (2,), callbacks=[dict(link)])
+        Heartbeat.for_process().flush_settles()
+        record = store.get("unit:2")
+        assert record is not None and record.state.value == "done" and not record.settling
