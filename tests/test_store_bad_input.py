@@ -371,3 +371,18 @@ def test_every_exported_error_is_a_lease_error() -> None:
         assert issubclass(cls, LeaseError), cls
     assert issubclass(ConfigError, ValueError)
     assert issubclass(InvalidKey, ValueError)
+
+
+def test_sqlite_synchronous_option_is_applied_and_checked(tmp_path: Path) -> None:
+    """?synchronous=normal sets SQLite's synchronous pragma (the default stays FULL); any other
+    value is a ConfigError naming the option and the accepted values."""
+    import sqlite3
+
+    for option, expected in (("", 2), ("?synchronous=normal", 1), ("?synchronous=FULL", 2)):
+        with open_store(f"sqlite:///{tmp_path}/sync.db{option}") as store:
+            assert store.claim(f"k{option}", owner="w", ttl=10) is not None
+            conn = store._connection()  # type: ignore[attr-defined]
+            assert isinstance(conn, sqlite3.Connection)
+            assert conn.execute("PRAGMA synchronous").fetchone()[0] == expected
+    with pytest.raises(ConfigError, match=r"synchronous='off'.*full or normal"):
+        open_store(f"sqlite:///{tmp_path}/sync.db?synchronous=off")

@@ -67,12 +67,16 @@ class SQLiteStore(Store):
     """Lease store on a local SQLite file (``sqlite:///path``) or in memory (``sqlite://``).
 
     URL options: ``?busy_timeout=SECONDS`` (default 10) bounds how long one operation waits for
-    other writers before raising ``StoreBusy``.
+    other writers before raising ``StoreBusy``. ``?synchronous=full`` (default) makes every
+    commit durable across a power loss (one fsync per claim and per finish), so a token never
+    goes backwards; ``?synchronous=normal`` (SQLite's recommended mode for WAL) survives any
+    process crash, SIGKILL included, but an OS crash or power loss may roll back the last
+    commits, and with them the last tokens handed out.
     """
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
-        self.path, self.busy_timeout = self._parse(url)
+        self.path, self.busy_timeout, self.synchronous = self._parse(url)
         self._clock = clock
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
@@ -83,7 +87,7 @@ class SQLiteStore(Store):
         cls._parse(url, check_paths=False)
 
     @staticmethod
-    def _parse(url: str, *, check_paths: bool = True) -> tuple[str, float]:
+    def _parse(url: str, *, check_paths: bool = True) -> tuple[str, float, str]:
         parts = urlsplit(url)
         if not url.startswith(f"{parts.scheme}://"):
             raise ConfigError(f"sqlite URL {url!r} must start with sqlite:// (sqlite:///relative"
@@ -97,21 +101,25 @@ class SQLiteStore(Store):
         busy_timeout = check_ttl(
             number_option(url, "busy_timeout", options.pop("busy_timeout", None), 10.0),
             name="sqlite busy_timeout")
+        synchronous = options.pop("synchronous", "full").lower()
+        if synchronous not in ("full", "normal"):
+            raise ConfigError(f"sqlite URL option synchronous={synchronous!r} in {url!r} must "
+                              "be full or normal")
         if options:
             raise ConfigError(f"unknown sqlite URL option(s) {sorted(options)} in {url!r}; "
-                              "known: busy_timeout")
+                              "known: busy_timeout, synchronous")
         # sqlite:///rel -> path "/rel" -> "rel"; sqlite:////abs -> "//abs" -> "/abs".
         path = unquote(parts.path)[1:] if parts.path else ""
         if not path or path == ":memory:":
-            return ":memory:", busy_timeout
+            return ":memory:", busy_timeout, synchronous
         if not check_paths:
-            return path, busy_timeout
+            return path, busy_timeout, synchronous
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise ConfigError(f"sqlite store directory {directory!r} does not exist (from {url!r})")
         if os.path.isdir(path):
             raise ConfigError(f"sqlite store path {path!r} is a directory, not a file")
-        return os.path.abspath(path), busy_timeout
+        return os.path.abspath(path), busy_timeout, synchronous
 
     # -- connection -------------------------------------------------------------------------
 
@@ -141,8 +149,9 @@ class SQLiteStore(Store):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"sqlite store {self.path!r} could not switch to WAL ({mode})")
-        # FULL: a committed claim survives power loss, so a token can never go backwards.
-        conn.execute("PRAGMA synchronous=FULL")
+        # FULL (the default): a committed claim survives power loss, so a token can never go
+        # backwards. NORMAL: no fsync per commit; only an OS crash can roll commits back.
+        conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(_Q["create_leases"])
