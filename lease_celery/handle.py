@@ -114,10 +114,12 @@ class LeaseHandle:
     # -- what the heartbeat writes --------------------------------------------------------
 
     def renewed(self, lease: Lease, *, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` was accepted. Renewals may overlap (a slow store):
+        only one sent later than the last accepted one moves the deadline."""
         with self._lock:
-            self._lease = lease
-            self._local_deadline = sent_at + self.ttl
-            self.next_renewal_at = sent_at + self.heartbeat_interval
+            if sent_at + self.ttl > self._local_deadline:
+                self._lease = lease
+                self._local_deadline = sent_at + self.ttl
 
     def mark_lost(self, reason: str) -> bool:
         """Record the loss; return True the first time (so the loss is announced once)."""

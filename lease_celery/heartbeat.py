@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections import defaultdict
@@ -31,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 #: How soon a renewal is tried again after the store failed to answer.
 RETRY_AFTER_ERROR = 0.5
+#: Renewal batches that may be waiting for their replies at once. A store that answers late
+#: must not hold the next renewal back: the handle's deadline counts from when a renewal was
+#: *sent*, so a reply slower than the interval would otherwise lose leases the store still
+#: holds. (On SQLite, whose calls are serialized, they simply queue.)
+SENDERS = 4
 
 
 class Heartbeat:
@@ -58,8 +64,13 @@ class Heartbeat:
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
         self._wake = threading.Condition()
+        self._outbox: queue.SimpleQueue[tuple[Store, float, list[LeaseHandle], float,
+                                              list[float]]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
         self._thread.start()
+        for n in range(SENDERS):
+            threading.Thread(target=self._send_renewals, name=f"lease-renew-{n}",
+                             daemon=True).start()
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -171,15 +182,26 @@ class Heartbeat:
             for handle in due:
                 groups[handle.store, handle.ttl].append(handle)
             for (store, ttl), handles in groups.items():
-                try:
-                    self._renew(store, ttl, handles)
-                except Exception:  # never let the thread die: a dead heartbeat loses every lease
-                    logger.exception("lease heartbeat failed")
-                    for handle in handles:
-                        handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                # Scheduled at sending, not when the reply comes: the next renewal goes out on
+                # time even while this one is still waiting for a slow store.
+                sent_at = time.monotonic()
+                delays = [max(0.0, sent_at - handle.next_renewal_at) for handle in handles]
+                for handle in handles:
+                    handle.next_renewal_at = sent_at + handle.heartbeat_interval
+                self._outbox.put((store, ttl, handles, sent_at, delays))
 
-    def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle]) -> None:
-        sent_at = time.monotonic()
+    def _send_renewals(self) -> None:
+        while True:
+            store, ttl, handles, sent_at, delays = self._outbox.get()
+            try:
+                self._renew(store, ttl, handles, sent_at, delays)
+            except Exception:  # never let the thread die: a dead heartbeat loses every lease
+                logger.exception("lease heartbeat failed")
+                for handle in handles:
+                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+
+    def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle], sent_at: float,
+               delays: list[float]) -> None:
         try:
             renewed = store.renew_many([h.lease for h in handles], ttl=ttl)
         except LeaseError as exc:
@@ -191,13 +213,12 @@ class Heartbeat:
                                    handle.key, handle.token, exc)
                     handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
             return
-        for handle, lease in zip(handles, renewed, strict=True):
+        for handle, lease, delay in zip(handles, renewed, delays, strict=True):
             if handle.closed:
                 continue  # finished or released meanwhile: a refusal now means nothing
             if lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:
-                delay = max(0.0, sent_at - handle.next_renewal_at)
                 handle.renewed(lease, sent_at=sent_at)
                 signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease,
                                            delay=delay)

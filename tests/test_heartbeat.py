@@ -138,3 +138,38 @@ def test_staggered_leases_renew_in_one_batch_per_interval(sqlite_url: str) -> No
         finally:
             for handle in handles:
                 Heartbeat.for_process().unwatch(handle)
+
+
+class SlowStore(CountingStore):
+    """Answers every renewal ``delay`` seconds late (the store, or the network, is slow)."""
+
+    def __init__(self, store: Store, delay: float) -> None:
+        super().__init__(store)
+        self.delay = delay
+
+    def renew_many(self, leases: Any, *, ttl: float) -> Any:
+        time.sleep(self.delay)
+        return super().renew_many(leases, ttl=ttl)
+
+
+def test_renewals_go_out_on_time_while_slow_replies_are_pending(sqlite_url: str) -> None:
+    """Replies 0.6 × ttl late (more than the interval): the next renewal is sent on schedule
+    while the previous one waits, so the lease, which the store keeps renewing, is never
+    taken for lost here. (Sent one at a time, the second renewal would only leave when the
+    first reply came back, and the deadline would pass before its reply.)"""
+    ttl, interval = 1.0, 0.25
+    with open_store(sqlite_url) as store:
+        slow = SlowStore(store, delay=0.6 * ttl)
+        lease = store.claim("hb:slow", owner="heartbeat-test", ttl=ttl)
+        assert lease is not None
+        handle = LeaseHandle(lease, store=slow,  # type: ignore[arg-type]
+                             ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
+        Heartbeat.for_process().watch(handle)
+        try:
+            deadline = time.monotonic() + 4 * ttl
+            while time.monotonic() < deadline:
+                handle.check()
+                time.sleep(0.02)
+            assert slow.calls >= 12
+        finally:
+            Heartbeat.for_process().unwatch(handle)

@@ -138,8 +138,9 @@ def slow_store(workers: WorkerPool) -> Iterator[DelayingProxy]:
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5")
 def test_lease_lost_to_a_slow_store_runs_the_task_again_instead_of_failing_it(
         workers: WorkerPool, slow_store: DelayingProxy) -> None:
-    """The store's replies come back 0.7 × ttl late while the first generation runs: renewals
-    still succeed on the store, but no reply arrives before the local deadline, so
+    """The store's replies come back 1.2 × ttl late while the first generation runs: renewals
+    still succeed on the store, but no reply arrives before its own local deadline (replies
+    late by less than the ttl no longer lose the lease: renewals are pipelined), so
     ``self.lease.check()`` raises LeaseLost while the store still holds the lease. That loss
     must not lose the work: no FAILURE is recorded for it, the body runs again (once the store
     answers promptly again), the key ends ``done`` and ``AsyncResult.get()`` returns the
@@ -151,7 +152,7 @@ def test_lease_lost_to_a_slow_store_runs_the_task_again_instead_of_failing_it(
     result = workers.client.send_task(UNTIL_LOST, args=(job,), task_id=task_id)
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job, token=1)),
                              timeout=20, what="the first generation to start")
-    slow_store.delay = 0.7 * ttl
+    slow_store.delay = 1.2 * ttl
     try:
         workers.journal.wait_for(lambda j: bool(j.events("body_lease_lost", job_id=job)),
                                  timeout=4 * ttl,
