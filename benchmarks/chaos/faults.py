@@ -1,0 +1,280 @@
+"""The faults: which exist, how many a run gets and when, and the thread that injects them.
+
+| switch | what happens |
+| --- | --- |
+| ``kill`` | SIGKILL a whole worker (its process group); the supervisor starts a fresh one |
+| ``stop`` | SIGSTOP one pool child for 1.5–2 × ttl, then SIGCONT (a stall past the lease) |
+| ``conn`` | kill the lease store's connections from the server side (PostgreSQL, Redis) |
+| ``slow`` | delay the store's replies by 0.6–0.9 × ttl for 2–3 × ttl (PostgreSQL, Redis) |
+| ``sweep`` | arm a ticket right before each ``kill`` (else twice): the next worker whose sweep
+  marks rows SIGKILLs its own group between the mark and the re-publish |
+| ``finish`` | arm tickets: a pool child exits between its accepted finish and the result write |
+| ``hold`` | arm tickets: a pool child stalls 1.25 × ttl between its accepted finish and the result
+  write while its own message is delivered again (a redelivery racing the result write) |
+
+Counts are bounded (they grow with the window, up to a cap) and every fault lies inside the
+window; stopped processes are always continued and slow replies switched off, also when the run
+is aborted. Each injection is recorded in the event log as a ``fault`` event *before* it takes
+effect (so a process is never judged alive after it was killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .events import EventLog
+from .flags import Flags
+from .sandbox import StoreSandbox
+from .workers import Worker, WorkerPool, pool_children
+
+__all__ = ["FAULTS", "FaultInjector", "PlannedFault", "parse_faults", "plan_faults"]
+
+FAULTS = ("kill", "stop", "conn", "slow", "sweep", "finish", "hold")
+#: Faults that need a connection to a server (a SQLite store is a file).
+SERVER_FAULTS = ("conn", "slow")
+#: Probability that an accepted finish takes an armed ``finish_exit`` (or ``finish_hold``)
+#: ticket.
+FINISH_EXIT_PROBABILITY = 0.15
+
+
+def parse_faults(text: str, store: str) -> tuple[list[str], list[str]]:
+    """``all``, ``none`` or a comma list → (enabled faults, notes on the ones skipped)."""
+    text = text.strip().lower()
+    wanted = list(FAULTS) if text == "all" else [] if text in ("", "none") else [
+        part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in wanted if name not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    skipped = []
+    if store == "sqlite":
+        for name in SERVER_FAULTS:
+            if name in wanted:
+                wanted.remove(name)
+                skipped.append(f"{name}: not applicable to SQLite (a file: no connection to "
+                               "kill, no replies to delay)")
+    return wanted, skipped
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    at: float  # seconds after the start of the window
+    kind: str
+
+
+def _count(window: float, per: float, low: int, high: int) -> int:
+    return max(low, min(high, round(window / per)))
+
+
+def plan_faults(kinds: list[str], window: float, rng: random.Random) -> list[PlannedFault]:
+    plan: list[PlannedFault] = []
+    # At least two of each even in a short run, so one unlucky timing (a kill of an idle
+    # worker, a slow spell between tasks) does not leave a seam untested.
+    counts = {"kill": _count(window, 20, 2, 4), "stop": _count(window, 20, 2, 4),
+              "conn": _count(window, 8, 3, 8), "slow": _count(window, 25, 2, 3)}
+    for kind, count in counts.items():
+        if kind in kinds:
+            plan += [PlannedFault(rng.uniform(0.1, 0.9) * window, kind) for _ in range(count)]
+    if "sweep" in kinds:
+        # A sweep marks rows only after some lease expired: arm it just before a kill (whose
+        # rows nobody but the sweeper brings back; a stopped owner re-publishes its own when it
+        # wakes up), or before a stop when there are no kills.
+        hosts = ([f.at for f in plan if f.kind == "kill"]
+                 or [f.at for f in plan if f.kind == "stop"])
+        for at in hosts or [rng.uniform(0.1, 0.9) * window for _ in range(2)]:
+            plan.append(PlannedFault(max(at - 0.05, 0.0), "sweep"))
+    if "finish" in kinds:
+        plan.append(PlannedFault(0.1 * window, "finish"))
+    if "hold" in kinds:
+        plan.append(PlannedFault(0.2 * window, "hold"))
+    return sorted(plan, key=lambda f: f.at)
+
+
+class FaultInjector:
+    """Injects a plan from one thread; undo steps (SIGCONT, replies back to normal) are
+    scheduled, never slept on, so faults keep their times."""
+
+    def __init__(self, plan: list[PlannedFault], *, window: float, pool: WorkerPool,
+                 sandbox: StoreSandbox, flags: Flags, events: EventLog, rng: random.Random,
+                 ttl: float, finish_tickets: int) -> None:
+        self.plan, self.window = plan, window
+        self.pool, self.sandbox, self.flags, self.events = pool, sandbox, flags, events
+        self.rng, self.ttl, self.finish_tickets = rng, ttl, finish_tickets
+        self.errors: list[str] = []
+        self._undo: list[tuple[float, str, Callable[[], None]]] = []
+        self._stopped: set[int] = set()  # pool children we SIGSTOPped and not yet continued
+        self._slow_until = 0.0
+        self._store: Any = None  # the lease store, read directly (opened in the fault thread)
+        self._undo_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-faults", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop injecting and undo whatever is pending (bounded)."""
+        self._stop.set()
+        self._thread.join(30)
+        self._undo_all()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        pending = list(self.plan)
+        # Tickets not taken are withdrawn a little after the window: a sweep ticket armed for
+        # a late kill needs that kill's leases to expire (a ttl) and a sweep to find them.
+        self._later(start + self.window + 3 * self.ttl, "disarm", self._disarm)
+        try:
+            while not self._stop.is_set() and (pending or self._undo):
+                now = time.monotonic()
+                with self._undo_lock:
+                    due = [u for u in self._undo if u[0] <= now]
+                    for entry in due:
+                        self._undo.remove(entry)
+                for _, what, step in due:
+                    self._safely(what, step)
+                if pending and start + pending[0].at <= now:
+                    fault = pending.pop(0)
+                    self._safely(fault.kind, functools.partial(self._inject, fault.kind))
+                self._stop.wait(0.05)
+        finally:
+            self._undo_all()
+            if self._store is not None:
+                self._store.close()
+
+    def _safely(self, what: str, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:  # one failed fault must not end the others (or the run)
+            self.errors.append(f"{what}: {exc!r}")
+
+    def _later(self, due: float, what: str, step: Callable[[], None]) -> None:
+        with self._undo_lock:
+            self._undo.append((due, what, step))
+
+    def _undo_all(self) -> None:
+        # Both the fault thread (ending) and stop() (maybe after a join timed out) get here.
+        with self._undo_lock:
+            while self._undo:
+                _, what, step = self._undo.pop(0)
+                self._safely(what, step)
+            # Whatever happened above: nothing stays stopped, no reply stays slow.
+            for child in list(self._stopped):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGCONT)
+                self._stopped.discard(child)
+            if self.sandbox.proxy is not None:
+                self.sandbox.proxy.delay = 0.0
+
+    # -- the faults -------------------------------------------------------------------------
+
+    def _inject(self, kind: str) -> None:
+        getattr(self, f"_inject_{kind}")()
+
+    def _busy_pids(self) -> set[int]:
+        """Pids of the processes holding a running lease now (from the owners: host:pid:uuid).
+
+        Faults aim at busy processes: killing or stopping an idle one tests nothing."""
+        from lease_celery import LeaseState, open_store
+
+        if self._store is None:
+            self._store = open_store(self.sandbox.checker_url)
+        pids = set()
+        for record in self._store.find(state=LeaseState.RUNNING, limit=10_000):
+            with contextlib.suppress(IndexError, ValueError, AttributeError):
+                pids.add(int(str(record.owner).split(":")[-2]))
+        return pids
+
+    def _choose_worker(self) -> Worker | None:
+        busy = self._busy_pids()
+        live = self.pool.live()
+        loaded = [w for w in live if busy & set(w.group_pids())]
+        return self.rng.choice(loaded or live) if live else None
+
+    def _inject_kill(self) -> None:
+        worker = self._choose_worker()
+        if worker is None:
+            return
+        self.events.record("fault", kind="kill", source="harness", worker=worker.name,
+                           main_pid=worker.pid, pids=worker.group_pids())
+        worker.kill()  # the supervisor replaces it
+
+    def _inject_stop(self) -> None:
+        worker = self._choose_worker()
+        children = pool_children(worker.pid) if worker is not None else []
+        if worker is None or not children:
+            return
+        busy = self._busy_pids()
+        child = self.rng.choice([c for c in children if c in busy] or children)
+        seconds = self.rng.uniform(1.5, 2.0) * self.ttl
+        self.events.record("fault", kind="stop", source="harness", worker=worker.name,
+                           target=child, seconds=round(seconds, 2))
+        self._stopped.add(child)
+        os.kill(child, signal.SIGSTOP)
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):  # its worker was killed meanwhile
+                os.kill(child, signal.SIGCONT)
+            self._stopped.discard(child)
+            self.events.record("fault_end", kind="stop", target=child)
+
+        self._later(time.monotonic() + seconds, "stop: SIGCONT", resume)
+
+    def _inject_conn(self) -> None:
+        # Recorded after the fact, with the count of what it ended (no process dies of it).
+        killed = self.sandbox.kill_connections()
+        self.events.record("fault", kind="conn", source="harness", killed=killed)
+
+    def _inject_slow(self) -> None:
+        proxy = self.sandbox.proxy
+        if proxy is None:
+            return
+        delay = self.rng.uniform(0.6, 0.9) * self.ttl
+        seconds = self.rng.uniform(2.0, 3.0) * self.ttl
+        self.events.record("fault", kind="slow", source="harness", delay=round(delay, 3),
+                           seconds=round(seconds, 2))
+        proxy.delay = delay
+        # A second slow fault inside the first moves the end: only the last end applies.
+        self._slow_until = max(self._slow_until, time.monotonic() + seconds)
+
+        def normal() -> None:
+            if time.monotonic() >= self._slow_until - 0.01:
+                proxy.delay = 0.0
+                self.events.record("fault_end", kind="slow")
+
+        self._later(time.monotonic() + seconds, "slow: normal replies", normal)
+
+    def _inject_sweep(self) -> None:
+        self.flags.arm("sweep_kill", count=1)
+        self.events.record("fault_armed", kind="sweep_kill", tickets=1)
+
+    def _inject_finish(self) -> None:
+        self.flags.arm("finish_exit", count=self.finish_tickets,
+                       probability=FINISH_EXIT_PROBABILITY)
+        self.events.record("fault_armed", kind="finish_exit", tickets=self.finish_tickets,
+                           probability=FINISH_EXIT_PROBABILITY)
+
+    def _inject_hold(self) -> None:
+        self.flags.arm("finish_hold", count=self.finish_tickets,
+                       probability=FINISH_EXIT_PROBABILITY)
+        self.events.record("fault_armed", kind="finish_hold", tickets=self.finish_tickets,
+                           probability=FINISH_EXIT_PROBABILITY)
+
+    def _disarm(self) -> None:
+        for kind in ("sweep_kill", "finish_exit", "finish_hold"):
+            left = self.flags.disarm(kind)
+            if left:
+                self.events.record("fault_disarmed", kind=kind, tickets_left=left)

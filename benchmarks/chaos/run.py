@@ -1,0 +1,274 @@
+"""One chaos run, start to verdict: sandbox, receiver, workers, publish + faults, settle, check.
+
+Everything started is ended in reverse order whatever happens (an ``ExitStack``): faults are
+undone (stopped processes continued, replies back to normal), worker groups stopped (SIGKILL
+after a bounded wait), the receiver stopped, the store's schema or keys and the run's broker
+keys deleted. The run directory (worker logs, ``history.json``, ``report.txt``) is kept when
+the run failed or with ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checker import Report, check
+from .config import ChaosConfig
+from .events import EventLog
+from .faults import FAULTS, FaultInjector, parse_faults, plan_faults
+from .flags import Flags
+from .history import Published, collect
+from .publish import Publisher, plan_publications
+from .receiver import fetch_requests, running_receiver
+from .report import format_report
+from .sandbox import (
+    BROKER_DB,
+    PG_DSN,
+    REDIS_HOST,
+    REDIS_PORT,
+    STORES,
+    delete_keys,
+    redis_client,
+    store_sandbox,
+)
+from .workers import WorkerPool
+
+__all__ = ["RunOptions", "main", "run"]
+
+#: Seconds without any new event (and nothing queued) after which a run that has not settled
+#: is judged stuck: longer than a sweep grace plus a ttl, so a late recovery still counts.
+STALL = 20.0
+#: Seconds of quiet (no new event) that end a settled run: callbacks and deferred copies done.
+QUIET = 3.0
+
+
+class HarnessError(Exception):
+    """The harness could not run (a server down, a worker that does not start)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    store: str
+    tasks: int = 1000
+    seconds: float | None = None  # the publishing (and fault) window
+    faults: str = "all"
+    seed: int | None = None
+    settle: float = 90.0
+    ttl: float = 2.0
+    visibility_timeout: float = 3600.0
+    workers: int = 3
+    duplicates: float = 0.1  # fraction of jobs re-sent with the same id, and again as aliases
+    keep: bool = False
+    extra_conf: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def window(self) -> float:
+        return self.seconds if self.seconds is not None else max(10.0, self.tasks / 15)
+
+
+def _log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _check_servers(store: str) -> None:
+    try:
+        redis_client(BROKER_DB).ping()
+    except Exception as exc:
+        raise HarnessError(f"Redis at {REDIS_HOST}:{REDIS_PORT} is not reachable: {exc}") from exc
+    if store == "postgres":
+        import psycopg
+
+        try:
+            psycopg.connect(PG_DSN, connect_timeout=5).close()
+        except Exception as exc:
+            raise HarnessError(f"PostgreSQL at {PG_DSN} is not reachable: {exc}") from exc
+
+
+def client_app(config: ChaosConfig) -> Any:
+    """The harness's Celery app: publishes by task name, reads the result backend."""
+    from celery import Celery
+
+    app = Celery("chaos-harness", set_as_current=False)
+    app.conf.update(config.celery_conf())
+    return app
+
+
+def settle(store_url: str, job_keys: set[str], events: EventLog, queue_key: str, *,
+           timeout: float) -> list[str]:
+    """Wait until every key is done/dead, nothing is queued and the log is quiet; return the
+    keys still open when the deadline passed or the run stalled."""
+    from lease_celery import LeaseState, open_store
+
+    broker = redis_client(BROKER_DB)
+    deadline = time.monotonic() + timeout
+    length, changed = -1, time.monotonic()
+    with open_store(store_url) as store:
+        while True:
+            now = time.monotonic()
+            running = [r.key for state in (LeaseState.READY, LeaseState.RUNNING)
+                       for r in store.find(state=state, limit=1_000_000)]
+            jobs = {r.key: r.state for r in store.find(prefix="job:", limit=1_000_000)}
+            unsettled = {k for k in job_keys if jobs.get(k) not in (LeaseState.DONE,
+                                                                    LeaseState.DEAD)}
+            open_keys = sorted(unsettled | set(running))
+            queued = int(broker.llen(queue_key))
+            if events.length() != length:
+                length, changed = events.length(), now
+            if not open_keys and not queued and now - changed >= QUIET:
+                return []
+            if now > deadline or (not queued and now - changed >= STALL):
+                return open_keys
+            time.sleep(1.0)
+
+
+def run(options: RunOptions) -> tuple[Report, Path]:
+    started = time.monotonic()
+    if options.store not in STORES:
+        raise HarnessError(f"unknown store {options.store!r}; one of {', '.join(STORES)}")
+    kinds, skipped = parse_faults(options.faults, options.store)
+    _check_servers(options.store)
+    seed = options.seed if options.seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    run_id = uuid.uuid4().hex[:8]
+    folder = Path(tempfile.mkdtemp(prefix=f"chaos-{options.store}-{run_id}-"))
+    (folder / "flags").mkdir()
+    keyprefix = f"chaos_{run_id}:"
+    broker_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{BROKER_DB}"
+    events = EventLog(broker_url, f"{keyprefix}events")
+    flags = Flags(folder / "flags")
+    notes = [f"seed {seed}; faults {', '.join(kinds) or 'none'}; run directory {folder}",
+             *skipped]
+    _log(f"run {run_id} on {options.store}: {options.tasks} tasks over {options.window:.0f}s, "
+         f"faults {', '.join(kinds) or 'none'}, seed {seed}")
+    with contextlib.ExitStack() as stack:
+        # Callbacks run last-registered first: broker keys go last, after everything stopped.
+        stack.callback(delete_keys, BROKER_DB, keyprefix)
+        sandbox = stack.enter_context(store_sandbox(options.store, run_id, folder))
+        receiver_url = stack.enter_context(running_receiver(folder))
+        config = ChaosConfig(
+            broker_url=broker_url, keyprefix=keyprefix, queue=f"chaos-{run_id}",
+            store_url=sandbox.worker_url, receiver_url=receiver_url,
+            events_key=events.key, flags_dir=str(folder / "flags"), harness_pid=os.getpid(),
+            ttl=options.ttl, heartbeat=options.ttl / 4, sweep_interval=options.ttl / 2,
+            sweep_grace=3 * options.ttl, visibility_timeout=options.visibility_timeout,
+            extra_conf=options.extra_conf)
+        pool = WorkerPool(config, folder, events, size=options.workers)
+        stack.callback(pool.stop_all)
+        _log(f"starting {options.workers} workers (logs in {folder})")
+        try:
+            pool.start()
+        except RuntimeError as exc:
+            raise HarnessError(str(exc)) from exc
+        client = client_app(config)
+        stack.callback(client.close)
+
+        plan = plan_publications(options.tasks, options.window, rng,
+                                 resend_fraction=options.duplicates,
+                                 alias_fraction=options.duplicates)
+        publisher = Publisher(client, plan)
+        injector = FaultInjector(
+            plan_faults(kinds, options.window, rng), window=options.window, pool=pool,
+            sandbox=sandbox, flags=flags, events=events, rng=rng, ttl=options.ttl,
+            finish_tickets=max(2, min(6, options.tasks // 100)))
+        stack.callback(injector.stop)
+        _log(f"publishing {len(plan)} messages; injecting faults")
+        publisher.start()
+        injector.start()
+        publisher.join(options.window + 120)
+        publisher.stop()
+        deadline = time.monotonic() + options.window + 30
+        while not injector.done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        injector.stop()
+        _log("settling")
+        open_keys = settle(sandbox.checker_url, {p.key for p in plan}, events,
+                           f"{keyprefix}{config.queue}", timeout=options.settle)
+        if open_keys:
+            notes.append(f"{len(open_keys)} keys still open when the run ended (deadline or "
+                         f"no progress for {STALL:.0f}s): {', '.join(open_keys[:10])}"
+                         f"{' …' if len(open_keys) > 10 else ''}")
+        notes += [f"publish error: {e}" for e in publisher.errors[:5]]
+        notes += [f"fault error: {e}" for e in injector.errors[:5]]
+        _log("stopping workers")
+        pool.stop_all()
+        if pool.restarts >= pool.max_restarts:
+            notes.append(f"worker restarts reached their bound ({pool.max_restarts})")
+        _log("collecting the history")
+        published = [Published(p.task_id, p.job, p.key, p.kind) for p in publisher.published]
+        history = collect(store=options.store, ttl=options.ttl, store_url=sandbox.checker_url,
+                          client=client, redis_client=redis_client(BROKER_DB),
+                          keyprefix=keyprefix, queue=config.queue, published=published,
+                          events=events.read(), received=fetch_requests(receiver_url),
+                          notes=notes, wall_time=time.monotonic() - started)
+        history.save(folder / "history.json")
+    report = check(history)
+    (folder / "report.txt").write_text(format_report(report, shown=10**9) + "\n")
+    if report.passed and not options.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return report, folder
+
+
+def _conf_value(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--conf takes name=value, got {text!r}")
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return name, kind(raw)
+    return name, {"true": True, "false": False}.get(raw.lower(), raw)
+
+
+def parse_args(argv: list[str] | None) -> RunOptions:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos",
+        description="Run real workers under faults, then check the history they left.")
+    parser.add_argument("--store", required=True, choices=STORES)
+    parser.add_argument("--tasks", type=int, default=1000, help="jobs to publish (CI: 200)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="publishing and fault window (default: max(10, tasks/15))")
+    parser.add_argument("--faults", default="all",
+                        help=f"all, none, or a comma list of {','.join(FAULTS)}")
+    parser.add_argument("--seed", type=int, default=None, help="replay a plan (printed)")
+    parser.add_argument("--settle", type=float, default=90.0,
+                        help="seconds to wait for every key to settle after the window")
+    parser.add_argument("--ttl", type=float, default=2.0, help="lease ttl (seconds)")
+    parser.add_argument("--visibility-timeout", type=float, default=3600.0,
+                        help="the Redis broker's visibility timeout (seconds)")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--duplicates", type=float, default=0.1,
+                        help="fraction of jobs re-sent with the same id (and as many aliases)")
+    parser.add_argument("--keep", action="store_true", help="keep the run directory")
+    parser.add_argument("--conf", type=_conf_value, action="append", default=[],
+                        metavar="NAME=VALUE", help="an extra setting for the workers' app")
+    args = parser.parse_args(argv)
+    return RunOptions(store=args.store, tasks=args.tasks, seconds=args.seconds,
+                      faults=args.faults, seed=args.seed, settle=args.settle, ttl=args.ttl,
+                      visibility_timeout=args.visibility_timeout, workers=args.workers,
+                      duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0: every check passed; 1: a check failed; 2: the harness could not run."""
+    options = parse_args(argv)
+    # SIGTERM (a CI timeout) unwinds like an exception, so every cleanup step still runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report, folder = run(options)
+    except (HarnessError, ValueError) as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    if not report.passed:
+        print(f"\nfull report, history and worker logs: {folder}")
+    return 0 if report.passed else 1
