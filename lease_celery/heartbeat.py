@@ -13,6 +13,7 @@ does not look like a dead owner.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from . import signals
 from .errors import LeaseError
@@ -32,10 +34,10 @@ logger = logging.getLogger(__name__)
 
 #: How soon a renewal is tried again after the store failed to answer.
 RETRY_AFTER_ERROR = 0.5
-#: Renewal batches that may be waiting for their replies at once. A store that answers late
-#: must not hold the next renewal back: the handle's deadline counts from when a renewal was
-#: *sent*, so a reply slower than the interval would otherwise lose leases the store still
-#: holds. (On SQLite, whose calls are serialized, they simply queue.)
+#: Store calls (renewal batches, settle confirmations) that may wait for replies at once. A
+#: store that answers late must not hold the next renewal back: the handle's deadline counts
+#: from when a renewal was *sent*, so a reply slower than the interval would otherwise lose
+#: leases the store still holds. (On SQLite, whose calls are serialized, they simply queue.)
 SENDERS = 4
 
 
@@ -64,13 +66,13 @@ class Heartbeat:
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
         self._wake = threading.Condition()
-        self._outbox: queue.SimpleQueue[tuple[Store, float, list[LeaseHandle], float,
-                                              list[float]]] = queue.SimpleQueue()
+        # Store calls wait here for a sender thread: the scheduling thread never blocks on a
+        # store, so a slow reply (to a renewal or a settle) cannot hold the next renewal back.
+        self._outbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
         self._thread.start()
         for n in range(SENDERS):
-            threading.Thread(target=self._send_renewals, name=f"lease-renew-{n}",
-                             daemon=True).start()
+            threading.Thread(target=self._send, name=f"lease-send-{n}", daemon=True).start()
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -160,6 +162,7 @@ class Heartbeat:
                 with self._wake:
                     self._to_settle += retry
                     self._settle_after = now + RETRY_AFTER_ERROR
+                    self._wake.notify()  # the scheduler recomputes when to wake
                 continue
             for handle, settled in zip(group, answers, strict=True):
                 if settled:
@@ -174,10 +177,7 @@ class Heartbeat:
         while True:
             due, settles = self._due()
             if settles:
-                try:
-                    self._send_settles(settles)
-                except Exception:  # never let the thread die
-                    logger.exception("lease settle confirmation failed")
+                self._outbox.put(functools.partial(self._send_settles, settles))
             groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
             for handle in due:
                 groups[handle.store, handle.ttl].append(handle)
@@ -188,17 +188,25 @@ class Heartbeat:
                 delays = [max(0.0, sent_at - handle.next_renewal_at) for handle in handles]
                 for handle in handles:
                     handle.next_renewal_at = sent_at + handle.heartbeat_interval
-                self._outbox.put((store, ttl, handles, sent_at, delays))
+                self._outbox.put(functools.partial(self._renew_or_retry, store, ttl, handles,
+                                                   sent_at, delays))
 
-    def _send_renewals(self) -> None:
+    def _send(self) -> None:
         while True:
-            store, ttl, handles, sent_at, delays = self._outbox.get()
+            call = self._outbox.get()
             try:
-                self._renew(store, ttl, handles, sent_at, delays)
+                call()
             except Exception:  # never let the thread die: a dead heartbeat loses every lease
                 logger.exception("lease heartbeat failed")
-                for handle in handles:
-                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+
+    def _renew_or_retry(self, store: Store, ttl: float, handles: list[LeaseHandle],
+                        sent_at: float, delays: list[float]) -> None:
+        try:
+            self._renew(store, ttl, handles, sent_at, delays)
+        except Exception:
+            for handle in handles:
+                handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+            raise
 
     def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle], sent_at: float,
                delays: list[float]) -> None:

@@ -173,3 +173,44 @@ def test_renewals_go_out_on_time_while_slow_replies_are_pending(sqlite_url: str)
             assert slow.calls >= 12
         finally:
             Heartbeat.for_process().unwatch(handle)
+
+
+class SlowSettles(CountingStore):
+    """Renews at once, but takes ``delay`` seconds to answer a settle confirmation."""
+
+    def __init__(self, store: Store, delay: float) -> None:
+        super().__init__(store)
+        self.delay, self.settled = delay, 0
+
+    def settle_many(self, leases: Any) -> Any:
+        time.sleep(self.delay)
+        self.settled += len(leases)
+        return self.store.settle_many(leases)
+
+
+def test_a_slow_settle_confirmation_does_not_hold_renewals_back(sqlite_url: str) -> None:
+    """A settle confirmation that takes twice the ttl to answer (a slow store) is sent while
+    the other leases keep renewing on schedule: none of them is lost meanwhile."""
+    ttl, interval = 1.0, 0.25
+    with open_store(sqlite_url) as store:
+        slow = SlowSettles(store, delay=2 * ttl)
+        finished = store.claim("hb:settling", owner="heartbeat-test", ttl=ttl)
+        running = store.claim("hb:running", owner="heartbeat-test", ttl=ttl)
+        assert finished is not None and running is not None
+        assert store.finish(finished, 1, settle_within=10)
+        done = LeaseHandle(finished, store=slow,  # type: ignore[arg-type]
+                           ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
+        held = LeaseHandle(running, store=slow,  # type: ignore[arg-type]
+                           ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
+        heartbeat = Heartbeat.for_process()
+        heartbeat.watch(held)
+        heartbeat.settle(done)
+        try:
+            deadline = time.monotonic() + 3 * ttl
+            while time.monotonic() < deadline:
+                held.check()
+                time.sleep(0.02)
+            assert slow.settled == 1
+            assert store.get("hb:settling").settling is False  # type: ignore[union-attr]
+        finally:
+            heartbeat.unwatch(held)
