@@ -70,3 +70,46 @@ def test_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
         left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
                             (prefix,)).fetchone()
     assert left is None, f"schema {prefix} left behind"
+
+
+def test_scale_benchmark_runs_tiny_on_every_store_and_cleans_up() -> None:
+    """``benchmarks/scale.py --big 2000``: a table per store with a ratio column, exit 0, and
+    no schema, key or file of the run left behind."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    # Short windows and few cycles keep the three stores under a minute; --deadline below
+    # the subprocess timeout lets the script stop and clean up by itself first.
+    run = subprocess.run([sys.executable, "benchmarks/scale.py", "--big", "2000",
+                          "--window", "0.3", "--cycles", "50", "--gets", "100",
+                          "--deadline", "50"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for store in ("sqlite", "postgres", "redis"):
+        assert re.search(rf"^== {store} \(1,000 vs 2,000 done rows; run \w+;", run.stdout,
+                         re.MULTILINE), run.stdout
+    ratios = re.findall(r"^claim\+finish p50 ms\s+[\d.,]+\s+[\d.,]+\s+([\d.]+)x",
+                        run.stdout, re.MULTILINE)
+    assert len(ratios) == 3 and all(float(r) > 0 for r in ratios), run.stdout
+    assert run.stdout.count("lease_celery_leases_sweep: yes") == 2, run.stdout  # both SQLs
+
+    found = re.search(r"run (\w+);", run.stdout)
+    assert found, run.stdout
+    import tempfile
+
+    import psycopg
+    import redis
+
+    from benchmarks import scale
+
+    client = redis.Redis(host=scale.REDIS_HOST, port=scale.REDIS_PORT, db=scale.REDIS_DB)
+    try:
+        assert not list(client.scan_iter(f"scale_{found.group(1)}_*")), "redis keys left"
+    finally:
+        client.close()
+    with psycopg.connect(scale.PG_DSN) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (f"scale_{found.group(1)}_%",)).fetchall()
+    assert not left, f"schemas left behind: {left}"
+    leftover = list(Path(tempfile.gettempdir()).glob(f"lease_scale_{found.group(1)}_*"))
+    assert not leftover, f"files left behind: {leftover}"

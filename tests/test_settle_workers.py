@@ -6,9 +6,9 @@ broker queue of the test's own, and reads what happened from the journal the wor
 ``task_received`` / ``task_success`` / ``task_failure`` / ``task_postrun`` per task id; from the
 lease row; and from the result backend.
 
-- a slow store (replies late, tests/slow_proxy.py): a LeaseLost raised by the local deadline
-  while the store still holds the lease must not end the work as a FAILURE with the row left
-  ``ready`` and no message;
+- a slow store (replies late: the chaos harness's DelayingProxy): a LeaseLost raised by the
+  local deadline while the store still holds the lease must not end the work as a FAILURE
+  with the row left ``ready`` and no message;
 - a redelivery that arrives between the accepted finish and Celery's result write, while the
   first worker is alive, must not complete the task a second time;
 - with ``rpc://`` (whose state reads PENDING inside a worker), duplicates of a finished task
@@ -28,9 +28,9 @@ import pytest
 from celery import Celery
 from celery.result import AsyncResult
 
+from benchmarks.chaos.proxy import DelayingProxy
 from lease_celery import LeaseRecord, LeaseState, open_store
 from tests.servers import REDIS_URL
-from tests.slow_proxy import DelayingProxy, delaying_proxy
 from tests.workers import Journal, WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -128,10 +128,13 @@ def slow_store(workers: WorkerPool) -> Iterator[DelayingProxy]:
     workers reach the store through it, the test reads the store directly."""
     _warm_up(workers.store_url)
     parts = urlsplit(workers.store_url)
-    with delaying_proxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
+    proxy = DelayingProxy(parts.hostname or "127.0.0.1", parts.port or 0)
+    try:
         workers.env["LEASE_TEST_STORE"] = _through(proxy, workers.store_url)
         yield proxy
         workers.stop_all()  # before the proxy goes: no store outage at shutdown
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("worker_store", ["redis", "postgres"], indirect=True)

@@ -57,9 +57,16 @@ def record(event: str, **fields: Any) -> None:
 def work(self: LeasedTask, job_id: str, seconds: float = 0.0,
          check_every: float = 0.1) -> dict[str, Any]:
     """Run for ``seconds``, checking the lease; record start, loss and end in the journal."""
-    lease = self.lease
+    return _checked_run(self, job_id, seconds, check_every)
+
+
+def _checked_run(task: LeasedTask, job_id: str, seconds: float,
+                 check_every: float = 0.1) -> dict[str, Any]:
+    """The body of ``work``: journal the start, check the lease every ``check_every`` s for
+    ``seconds``, journal a loss (and re-raise it) or the end."""
+    lease = task.lease
     record("body_start", job_id=job_id, token=lease.token, owner=lease.owner,
-           task_id=self.request.id)
+           task_id=task.request.id)
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
@@ -343,21 +350,10 @@ def settle_until_lost(self: LeasedTask, job_id: str, first_for: float = 20.0) ->
     Token 1 first opens a few store connections at once, so that while the test slows the
     store's replies down the heartbeat and the body each find a connection already open (a new
     one would cost several slow round trips to set up, and change the timing under test)."""
-    lease = self.lease
-    if lease.token == 1:
+    first = self.lease.token == 1
+    if first:
         _open_store_connections(self.lease_store)
-    record("body_start", job_id=job_id, token=lease.token, owner=lease.owner,
-           task_id=self.request.id)
-    deadline = time.monotonic() + (first_for if lease.token == 1 else 0.0)
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            lease.check()
-    except LeaseLost as exc:
-        record("body_lease_lost", job_id=job_id, token=lease.token, reason=str(exc))
-        raise
-    record("body_end", job_id=job_id, token=lease.token)
-    return {"job_id": job_id, "token": lease.token, "owner": lease.owner}
+    return _checked_run(self, job_id, first_for if first else 0.0)
 
 
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
