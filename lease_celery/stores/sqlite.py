@@ -210,9 +210,11 @@ class SQLiteStore(Store):
                 # Full jitter: spreads 16 contending processes instead of waking them together.
                 # The first pauses are tens of microseconds: a lease write holds the lock for
                 # about that long, and sleeping milliseconds on every collision cost more
-                # than the write itself. The growth (to 50 ms) bounds the count of attempts.
+                # than the write itself. The growth bounds the count of attempts; its cap is
+                # low (5 ms) because a writer sleeping long loses the lock to one that retries
+                # sooner, again and again (claims waited 100+ ms behind 3 ms sweeps).
                 attempt += 1
-                pause = min(remaining, random.uniform(0.00002, min(0.05, 0.0001 * 2 ** attempt)))
+                pause = min(remaining, random.uniform(0.00002, min(0.005, 0.0001 * 2 ** attempt)))
                 time.sleep(pause)
                 waited += pause
             except sqlite3.Error as exc:

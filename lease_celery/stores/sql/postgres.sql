@@ -294,12 +294,16 @@ candidates AS (
     ORDER BY l.sweep_at LIMIT %(limit)s
     FOR UPDATE OF l SKIP LOCKED
 )
+-- The candidates are looked up by key (= ANY of an array: one primary-key probe each). A join
+-- let the planner, with statistics of a table of mostly done rows, scan the whole sweep index
+-- once per candidate while holding the candidates' row locks.
 UPDATE {schema}.lease_celery_leases AS l
 SET sweep_at = CASE WHEN l.state = 'ready' THEN clock.now
                     ELSE clock.now + %(grace)s::double precision END,
     swept_by = %(nonce)s
-FROM candidates, clock
-WHERE l.key = candidates.key AND l.sweep_at IS NOT NULL AND l.sweep_at <= clock.now
+FROM clock
+WHERE l.key = ANY(ARRAY(SELECT key FROM candidates))
+  AND l.sweep_at IS NOT NULL AND l.sweep_at <= clock.now
   AND (((l.state = 'running' OR l.settling) AND l.expires_at <= clock.now)
            OR (l.state = 'ready' AND l.sweep_at <= clock.now - %(grace)s::double precision))
 RETURNING l.key
