@@ -179,7 +179,9 @@ class Run:
         self.env = {
             "BENCH_PREFIX": self.prefix,
             "BENCH_BROKER": self.broker_url,
-            "BENCH_SQLITE_URL": f"sqlite:///{tmp / 'leases.sqlite3'}",
+            # BENCH_SQLITE_QUERY="?synchronous=normal" measures the no-fsync SQLite mode.
+            "BENCH_SQLITE_URL": f"sqlite:///{tmp / 'leases.sqlite3'}"
+                                f"{os.environ.get('BENCH_SQLITE_QUERY', '')}",
             "BENCH_POSTGRES_URL": f"{PG_DSN}?schema={self.schema}",
             "BENCH_REDIS_STORE_URL": f"{self.store_redis_url}?prefix={self.prefix}",
         }

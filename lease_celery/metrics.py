@@ -101,18 +101,31 @@ def _prometheus_metrics() -> dict[str, Any]:
     return _prometheus
 
 
+#: signal name -> the histograms it feeds, as (histogram, keyword) pairs (computed once: this
+#: runs several times per task).
+_OBSERVES: dict[str, list[tuple[str, str]]] = {
+    signal_name: [(name, kw) for name, (sources, kw) in HISTOGRAMS.items()
+                  if signal_name in sources]
+    for signal_name in COUNTERS}
+#: (counter, task) -> its Prometheus child (``labels()`` costs a lookup and a lock per call).
+_children: dict[tuple[str, str], Any] = {}
+
+
 def _record(signal_name: str, sender: Any, fields: dict[str, Any]) -> None:
     counter = COUNTERS[signal_name]
     task = _label(sender)
-    observed = [(name, float(fields[kw])) for name, (sources, kw) in HISTOGRAMS.items()
-                if signal_name in sources and fields.get(kw) is not None]
+    observed = [(name, float(value)) for name, kw in _OBSERVES[signal_name]
+                if (value := fields.get(kw)) is not None]
     with _lock:
         _counts[counter][task] += 1
         for name, value in observed:
             _histograms[name].observe(value)
-    prometheus = _prometheus_metrics()
+    prometheus = _prometheus if _prometheus is not None else _prometheus_metrics()
     if prometheus:
-        prometheus[counter].labels(task=task).inc()
+        child = _children.get((counter, task))
+        if child is None:
+            child = _children[counter, task] = prometheus[counter].labels(task=task)
+        child.inc()
         for name, value in observed:
             prometheus[name].observe(value)
 
