@@ -241,6 +241,7 @@ class LeasedTask(AttemptEnding):
                                  f"{record.owner} settles it for another {remaining:.1f}s")
             self._defer(record.key, remaining, settings, args, kwargs, holder=record.owner,
                         why=str(settling), eager_error=settling)
+        sent_at = time.monotonic()  # before the write: the local deadline never outlives it
         lease = store.claim_settlement(record.key, owner=owner, ttl=settings.ttl)
         if lease is None:
             return
@@ -251,7 +252,7 @@ class LeasedTask(AttemptEnding):
                                       state=record.state.value)
         handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
                              heartbeat_interval=settings.heartbeat_interval,
-                             sent_at=time.monotonic(), task=self)
+                             sent_at=sent_at, task=self)
         handle.settling = True
         raise _Completion(handle, record)
 
