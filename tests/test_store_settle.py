@@ -219,3 +219,27 @@ def test_a_failed_republish_is_unmarked_and_returned_by_the_next_sweep(
     assert swept(store) == []
     with pytest.raises(ConfigError):
         store.sweep_expired(grace=-1)
+
+
+def test_a_settled_redis_row_is_kept_in_the_compact_encoding(redis_store_url: str) -> None:
+    """Redis: the task info (longer than Redis's compact-hash limit) is dropped when the key
+    settles, and the hash is rewritten, so a settled row takes the compact encoding again."""
+    import redis
+
+    from lease_celery import open_store
+
+    task = {**TASK, "kwargs": {"padding": "x" * 200}}
+    with open_store(redis_store_url) as store:
+        client = redis.Redis.from_url(redis_store_url.split("?")[0])
+        prefix = redis_store_url.split("prefix=")[1]
+        for key, settle in (("plain", None), ("settled", 5.0)):
+            lease = store.claim(key, owner="w", ttl=10, task=task)
+            assert lease is not None
+            assert client.object("encoding", f"{prefix}lease:{key}") == b"hashtable"
+            assert store.finish(lease, {"n": 1}, settle_within=settle)
+            if settle is not None:
+                assert store.settle(lease)
+            assert client.object("encoding", f"{prefix}lease:{key}") in (b"listpack", b"ziplist")
+            record = store.get(key)
+            assert record is not None and record.result == {"n": 1} and record.task is None
+            assert (record.state, record.token, record.settling) == (LeaseState.DONE, 1, False)

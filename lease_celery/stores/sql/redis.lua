@@ -24,6 +24,14 @@ end
 local function terminal_index(index)
   return string.sub(index, 1, -8) .. 'terminal'  -- "<prefix>running" -> "<prefix>terminal"
 end
+-- Rewrite a hash whose task info was just deleted: Redis never turns a hash back into its
+-- compact encoding (listpack) once a long value (the task info) made it a hashtable, and a
+-- settled row would keep more than twice the memory it needs for as long as it is kept.
+local function compact(hash)
+  local fields = redis.call('HGETALL', hash)
+  redis.call('DEL', hash)
+  if #fields > 0 then redis.call('HSET', hash, unpack(fields)) end
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -108,7 +116,10 @@ elseif ARGV[8] ~= '' then  -- done/dead, settling until the owner confirms or th
   redis.call('HSET', KEYS[1], 'settling', '1', 'expires_at', deadline)
   watch(KEYS[2], KEYS[1], tonumber(deadline))
 else
-  if ARGV[4] == 'done' then redis.call('HDEL', KEYS[1], 'task') end
+  if ARGV[4] == 'done' then
+    redis.call('HDEL', KEYS[1], 'task')
+    compact(KEYS[1])
+  end
   redis.call('ZREM', KEYS[2], KEYS[1])
   redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
 end
@@ -128,7 +139,10 @@ for i = 2, #KEYS do
   if ours and settling == '1' then
     redis.call('HDEL', key, 'settling')
     redis.call('HSET', key, 'updated_at', fmt(t))
-    if state == 'done' then redis.call('HDEL', key, 'task') end
+    if state == 'done' then
+      redis.call('HDEL', key, 'task')
+      compact(key)
+    end
     redis.call('ZREM', KEYS[1], key)
     redis.call('ZADD', terminal_index(KEYS[1]), t, key)
     out[n] = 1
