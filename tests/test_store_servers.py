@@ -603,3 +603,12 @@ def test_postgres_settle_whose_reply_is_lost_is_still_reported_settled(
         assert proxy.dropped == 1, "the reply was not dropped"
         record = store.get("settle:lost")
         assert record is not None and not record.settling
+
+
+def test_postgres_libpq_options_with_spaces_reach_the_server(postgres_url: str) -> None:
+    """libpq's own URL options pass through, spaces included (``options=-c name=value``):
+    they were re-encoded with "+" for spaces, which libpq refuses."""
+    with open_store(f"{postgres_url}&options=-c%20synchronous_commit%3Doff") as store:
+        assert store.claim("opts", owner="w", ttl=10) is not None
+        with store._get_pool().connection() as conn:  # type: ignore[attr-defined]
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
@@ -89,7 +89,9 @@ class PostgresStore(Store):
             number_option(url, "reconnect_timeout", options["reconnect_timeout"], 10.0),
             name="postgres reconnect_timeout")
         scheme = "postgresql"
-        self._conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query),
+        # quote, not quote_plus: libpq does not read "+" as a space (options=-c%20name%3Dvalue).
+        self._conninfo = urlunsplit((scheme, parts.netloc, parts.path,
+                                     urlencode(query, quote_via=quote),
                                      parts.fragment))
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or ''}"
         quoted = '"' + self.schema + '"'
