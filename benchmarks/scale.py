@@ -408,7 +408,6 @@ class RedisTarget(Target):
         try:
             self.memory_before = int(client.info("memory")["used_memory"])
             p, terminal = self.prefix, f"{self.prefix}terminal"
-            task_json = json.dumps(task_info(done_key(0)))
             for start in range(0, self.n, CHUNK):
                 deadline.check("the redis fill")
                 pipe = client.pipeline(transaction=False)
@@ -418,17 +417,15 @@ class RedisTarget(Target):
                     stamp = f"{t:.6f}"  # the scripts' fmt(): '%.6f'
                     # The fields claim + fenced_write(done, settled at once) leave: claim
                     # sets state..nonce, the counters and the task, finish sets state, the
-                    # times and the result, and deletes task, reason and swept_by. The task
-                    # is written and deleted, not left out: a LeasedTask's task info is
-                    # longer than hash-max-listpack-value (64), so the claim turns the hash
-                    # into a hashtable, and Redis never turns it back; leaving it out would
-                    # measure a compact listpack no library-written row has.
+                    # times and the result, and deletes task, reason and swept_by. Deleting
+                    # the task info (longer than hash-max-listpack-value) leaves a hashtable,
+                    # so the library rewrites a settled hash: it is a compact listpack again,
+                    # as this fill writes it (shape() checks the encoding matches).
                     pipe.hset(f"{p}lease:{key}", mapping={
                         "state": "done", "owner": OWNER, "token": "1", "expires_at": stamp,
                         "updated_at": stamp, "fence": str(i + 1), "nonce": uuid.uuid4().hex,
-                        "attempts": "1", "takeovers": "0", "task": task_json,
+                        "attempts": "1", "takeovers": "0",
                         "result": f'{{"n":{scatter(i, self.n)},"ok":true}}'})
-                    pipe.hdel(f"{p}lease:{key}", "task")
                     pipe.set(f"{p}token:{key}", "1")  # the counter claim INCRs
                     scores[f"{p}lease:{key}"] = t  # fenced_write: ZADD terminal t hash
                 pipe.zadd(terminal, scores)
