@@ -40,6 +40,9 @@ class LeaseHandle:
         # The key is done (or dead) under this lease, and Celery has yet to store the outcome:
         # the heartbeat keeps the settle deadline alive until the owner confirms (settle.py).
         self.settling = False
+        # The finish is queued on the heartbeat's sender threads (``background``): the task
+        # returned, and that write, not a renewal, says whether the lease was still current.
+        self.writing = False
 
     # -- what the task body reads ---------------------------------------------------------
 

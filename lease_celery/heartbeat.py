@@ -5,10 +5,11 @@ runs the tasks, never in the parent before fork. A refused renewal marks the han
 once; a store that cannot be reached is retried until the lease's local deadline passes, and
 then the handle is marked lost too: the heartbeat never assumes it still holds a lease.
 
-It also ends settle phases: once Celery stored a task's outcome, the owner's confirmation is
-queued here and sent in batches (``settle_many``), so the task's own path pays no extra round
-trip. Until then the settling lease is renewed like a running one, so a slow result backend
-does not look like a dead owner.
+It also writes what the task's own path need not wait for: a fire-and-forget task's finish
+(``background``), and the confirmations that end settle phases: once Celery stored a task's
+outcome, the owner's confirmation is queued here and sent in batches (``settle_many``), so the
+task's own path pays no extra round trip. Until then the settling lease is renewed like a
+running one, so a slow result backend does not look like a dead owner.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class Heartbeat:
         # Store calls wait here for a sender thread: the scheduling thread never blocks on a
         # store, so a slow reply (to a renewal or a settle) cannot hold the next renewal back.
         self._outbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Background writes (a finish behind the task's return), by handle: queued ones until a
+        # sender takes them, and the handles whose write a sender is making now. A process that
+        # is going sends the queued ones itself and waits for the others (flush_background).
+        self._queued: dict[LeaseHandle, Callable[[], None]] = {}
+        self._in_flight: set[LeaseHandle] = set()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
         self._thread.start()
         for n in range(SENDERS):
@@ -97,6 +103,45 @@ class Heartbeat:
             if len(self._to_settle) == 1:  # later ones join the batch the thread will send
                 self._wake.notify()
 
+    def in_background(self, handle: LeaseHandle, write: Callable[[], None]) -> None:
+        """Make ``write`` (the handle's last store call) on a sender thread, soon. The handle
+        stays watched until ``write`` unwatches it: a write that waits behind slow store calls
+        keeps its lease alive meanwhile. A renewal refused once the write is queued means
+        nothing (the write itself says whether the lease was still current)."""
+        with self._wake:
+            handle.writing = True
+            self._queued[handle] = write
+        self._outbox.put(functools.partial(self._write_queued, handle))
+
+    def _write_queued(self, handle: LeaseHandle) -> None:
+        with self._wake:
+            write = self._queued.pop(handle, None)
+            if write is None:
+                return  # the process flushed it itself
+            self._in_flight.add(handle)
+        try:
+            write()
+        finally:
+            with self._wake:
+                self._in_flight.discard(handle)
+                self._wake.notify_all()
+
+    def flush_background(self, timeout: float) -> None:
+        """Make the queued background writes now, in the calling thread, and wait up to
+        ``timeout`` seconds for those a sender is making (the process is going)."""
+        with self._wake:
+            queued = list(self._queued.values())
+            self._queued.clear()
+        for write in queued:
+            try:
+                write()
+            except Exception:
+                logger.exception("lease background write failed")
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while self._in_flight and time.monotonic() < deadline:
+                self._wake.wait(deadline - time.monotonic())
+
     def flush_settles(self) -> None:
         """Send the queued confirmations now, in the calling thread (the process is going)."""
         with self._wake:
@@ -106,7 +151,8 @@ class Heartbeat:
     def release_all(self, reason: str) -> int:
         """Give back every lease still watched (the process is going away); return how many."""
         with self._wake:
-            handles = list(self._handles)
+            # A handle with a background write pending is finishing, not abandoned.
+            handles = [h for h in self._handles if not h.writing]
         released = 0
         for handle in handles:
             self.unwatch(handle)
@@ -222,7 +268,7 @@ class Heartbeat:
                     handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
             return
         for handle, lease, delay in zip(handles, renewed, delays, strict=True):
-            if handle.closed:
+            if handle.closed or handle.writing:
                 continue  # finished or released meanwhile: a refusal now means nothing
             if lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")

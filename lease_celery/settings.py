@@ -36,6 +36,9 @@ class LeaseSettings:
     #: Retry Celery's soft and hard time limits under the policy instead of ending the key
     #: dead (one FAILURE, as Celery reports it).
     retry_time_limits: bool = False
+    #: Write the finish of a task whose outcome Celery neither stores nor sends on behind the
+    #: task's return, on the heartbeat's sender threads (see ``lease_celery.background``).
+    finish_in_background: bool = True
 
 
 def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
@@ -81,8 +84,13 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
     if retry_value is not None and not isinstance(retry_value, bool):
         raise ConfigError(f"lease_retry_time_limits ({retry_source}) must be True or False, "
                           f"got {retry_value!r}")
+    background_value, background_source = _lookup(app, task, "lease_finish_in_background")
+    if background_value is not None and not isinstance(background_value, bool):
+        raise ConfigError(f"lease_finish_in_background ({background_source}) must be True or "
+                          f"False, got {background_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
-                         policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value))
+                         policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),
+                         finish_in_background=background_value is not False)
 
 
 #: Default of ``lease_retention``: settled done/dead rows older than this are pruned.

@@ -23,6 +23,7 @@ from celery.exceptions import Ignore
 # metrics, timelimits and worker: imported for their signal wiring, done once per process.
 from . import metrics, signals, timelimits, worker  # noqa: F401
 from .attempts import AttemptEnding
+from .background import finish_in_background
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
     LeaseDead,
@@ -72,7 +73,7 @@ class LeasedTask(AttemptEnding):
         ``"report:{report_id}"`` (format string over the arguments), a callable, or ``None``
         (the task id).
     ``lease_ttl``, ``lease_heartbeat_interval``, ``lease_store_url``,
-    ``lease_retry_time_limits``
+    ``lease_retry_time_limits``, ``lease_finish_in_background``
         Override the ``lease_*`` Celery settings for this task.
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.handle.LeaseHandle`
@@ -84,6 +85,7 @@ class LeasedTask(AttemptEnding):
     lease_heartbeat_interval: ClassVar[float | None] = None
     lease_store_url: ClassVar[str | None] = None
     lease_retry_time_limits: ClassVar[bool | None] = None
+    lease_finish_in_background: ClassVar[bool | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -280,6 +282,17 @@ class LeasedTask(AttemptEnding):
         # Still watched: if the finish is accepted, the heartbeat renews the settle deadline
         # until Celery has stored the result (after_return).
         settle_within = self._settle_within(settings)
+        request = self.request
+        if (settle_within is None and settings.finish_in_background
+                and not (request.is_eager or request.called_directly)):
+            # Nothing Celery does next depends on the verdict: write it behind the return.
+            try:
+                finish_in_background(self, handle, result, heartbeat)
+            except ResultNotSerializable as exc:
+                heartbeat.unwatch(handle)
+                self._after_error(handle, exc, settings)
+                raise
+            return result
         try:
             accepted = handle.store.finish(handle.lease, result, settle_within=settle_within)
         except ResultNotSerializable as exc:

@@ -42,6 +42,9 @@ def release_held_leases(reason: str) -> int:
     released: list[int] = []
 
     def give_back() -> None:
+        # Finishes written behind their task's return first: a lease released before its
+        # accepted finish lands would run the task again.
+        heartbeat.flush_background(SHUTDOWN_RELEASE_TIMEOUT / 2)
         heartbeat.flush_settles()  # outcomes Celery stored: confirm them before going
         released.append(heartbeat.release_all(reason))
 

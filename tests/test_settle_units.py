@@ -137,6 +137,7 @@ def _run_quiet_and_linked(app: Celery, quiet: Any, sqlite_url: str) -> None:
 
     with open_store(sqlite_url) as store:
         _trace(app, quiet, "t-quiet", (1,))
+        Heartbeat.for_process().flush_background(5.0)  # its finish is written behind the return
         record = store.get("unit:1")
         assert record is not None and record.state.value == "done" and not record.settling
         link = app.signature("proj.callback")

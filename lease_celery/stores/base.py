@@ -24,8 +24,8 @@ from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, Store
 if TYPE_CHECKING:
     from ..effects import Effects
 
-__all__ = ["DEFAULT_SWEEP_GRACE", "MAX_KEY_LENGTH", "Clock", "Store", "encode_result",
-           "open_store", "register_scheme"]
+__all__ = ["DEFAULT_SWEEP_GRACE", "MAX_KEY_LENGTH", "Clock", "EncodedResult", "Store",
+           "encode_result", "open_store", "register_scheme"]
 
 Clock = Callable[[], float]
 
@@ -401,8 +401,17 @@ def number_option(url: str, name: str, raw: str | None, default: float) -> float
         raise ConfigError(f"URL option {name}={raw!r} in {url!r} is not a number") from None
 
 
+class EncodedResult(str):
+    """A result ``encode_result`` already turned into JSON: encoding it again is a no-op (the
+    gate encodes a background finish's result early, to refuse a non-JSON one in the task)."""
+
+    __slots__ = ()
+
+
 def encode_result(result: Any) -> str:
     """Serialize a task result to strict JSON (never pickle: the store must not run code)."""
+    if type(result) is EncodedResult:
+        return result
     try:
         return json.dumps(result, allow_nan=False, separators=(",", ":"), sort_keys=True)
     except (TypeError, ValueError) as exc:
