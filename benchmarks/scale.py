@@ -132,8 +132,9 @@ def row_time(i: int, n: int, now: float) -> float:
 
 def task_info(key: str) -> dict[str, Any]:
     """What a LeasedTask records on claim, enough for the sweeper to re-publish it."""
-    return {"name": TASK_NAME, "id": f"task-{key}", "args": [key], "kwargs": {},
-            "options": {"task_id": f"task-{key}"}}
+    task_id = str(uuid.uuid5(uuid.NAMESPACE_URL, key))  # as long as Celery's ids
+    return {"name": TASK_NAME, "id": task_id, "args": [key], "kwargs": {},
+            "options": {"task_id": task_id}}
 
 
 def label(n: int) -> str:
@@ -202,7 +203,9 @@ class SQLiteTarget(Target):
                (key, state, owner, token, expires_at, attempts, takeovers, not_before, reason,
                 task, result, updated_at, fence, settling, sweep_at, swept_by)
         SELECT printf('done:%08d', p), 'done', :owner, 1, t, 1, 0, NULL, NULL,
-               NULL, '{"n":' || p || ',"ok":true}', t, i + 1, 0, NULL, NULL
+               json_object('options', json_object('task_id', printf(
+                   '%08d-0000-4000-8000-000000000000', p))),
+               '{"n":' || p || ',"ok":true}', t, i + 1, 0, NULL, NULL
         FROM r
     """
 
@@ -285,7 +288,9 @@ class PostgresTarget(Target):
                 task, swept_token, nonce, result, updated_at, fence, settling, sweep_at,
                 swept_by)
         SELECT 'done:' || lpad(p::text, 8, '0'), 'done', %(owner)s, 1, t, 1, 0, NULL, NULL,
-               NULL, NULL, md5(i::text), '{"n":' || p || ',"ok":true}', t, i + 1, false,
+               jsonb_build_object('options', jsonb_build_object('task_id',
+                   lpad(p::text, 8, '0') || '-0000-4000-8000-000000000000'))::text,
+               NULL, md5(i::text), '{"n":' || p || ',"ok":true}', t, i + 1, false,
                NULL, NULL
         FROM (SELECT i, (i * %(scatter)s::bigint) %% %(n)s::bigint AS p,
                      %(now)s::float8 - 60.0
@@ -417,7 +422,8 @@ class RedisTarget(Target):
                     stamp = f"{t:.6f}"  # the scripts' fmt(): '%.6f'
                     # The fields claim + fenced_write(done, settled at once) leave: claim
                     # sets state..nonce, the counters and the task, finish sets state, the
-                    # times and the result, and deletes task, reason and swept_by. Deleting
+                    # times and the result, and deletes task (keeping its task id), reason
+                    # and swept_by. Deleting
                     # the task info (longer than hash-max-listpack-value) leaves a hashtable,
                     # so the library rewrites a settled hash: it is a compact listpack again,
                     # as this fill writes it (shape() checks the encoding matches).
@@ -425,6 +431,7 @@ class RedisTarget(Target):
                         "state": "done", "owner": OWNER, "token": "1", "expires_at": stamp,
                         "updated_at": stamp, "fence": str(i + 1), "nonce": uuid.uuid4().hex,
                         "attempts": "1", "takeovers": "0",
+                        "task_id": f"{scatter(i, self.n):08d}-0000-4000-8000-000000000000",
                         "result": f'{{"n":{scatter(i, self.n)},"ok":true}}'})
                     pipe.set(f"{p}token:{key}", "1")  # the counter claim INCRs
                     scores[f"{p}lease:{key}"] = t  # fenced_write: ZADD terminal t hash
@@ -504,7 +511,10 @@ class Bench:
             record = self.store.get(done_key(p))
             assert record is not None, f"{self.target.name}: {done_key(p)} not found"
             assert record.state is LeaseState.DONE and not record.settling, record
-            assert record.token == 1 and record.owner == OWNER and record.task is None, record
+            assert record.token == 1 and record.owner == OWNER, record
+            # Of its task info, a settled done row keeps only the task id.
+            assert record.task == {"options": {"task_id": f"{p:08d}-0000-4000-8000-"
+                                                          f"000000000000"}}, record
             assert record.result == {"n": p, "ok": True} and record.fence == i + 1, record
             assert abs((record.updated_at or 0) - row_time(i, n, now)) < 1e-3, record
         # A key the library itself claimed (with task info, as a LeasedTask does) and

@@ -34,6 +34,7 @@ COUNTERS: dict[str, str] = {
     "lease_swept": "swept",
     "duplicate_deferred": "duplicates_deferred",
     "duplicate_ignored": "duplicates_ignored",
+    "duplicate_answered": "duplicates_answered",
     "stale_result_rejected": "stale_results_refused",
     "effect_performed": "effects_performed",
     "effect_replayed": "effect_replays",

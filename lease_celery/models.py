@@ -68,7 +68,8 @@ class LeaseRecord:
 
     @property
     def task_id(self) -> str | None:
-        """The task id of the delivery that last claimed the key (while its task info is kept)."""
+        """The task id of the delivery that last claimed the key. A settled ``done`` row keeps
+        only this of its task info (``task`` is then ``{"options": {"task_id": ...}}``)."""
         options = (self.task or {}).get("options") or {}
         task_id = options.get("task_id")
         return None if task_id is None else str(task_id)

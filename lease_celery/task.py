@@ -22,6 +22,7 @@ from celery.exceptions import Ignore
 
 # metrics, timelimits and worker: imported for their signal wiring, done once per process.
 from . import metrics, signals, timelimits, worker  # noqa: F401
+from .answers import Answer, answer_key
 from .attempts import AttemptEnding
 from .background import finish_in_background
 from .delivery import body_signature, shared_store, task_info
@@ -175,6 +176,8 @@ class LeasedTask(AttemptEnding):
             heartbeat.watch(completion.handle)  # renews the completer's settle deadline
             freeze_links(request)
             return completion.outcome()
+        except Answer as answer:
+            return self._answer(answer, settings, args, kwargs, heartbeat)
         request.lease = handle
         freeze_links(request)
         heartbeat.watch(handle)
@@ -191,7 +194,7 @@ class LeasedTask(AttemptEnding):
     # -- before the body --------------------------------------------------------------------
 
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
-               args: Any, kwargs: Any) -> LeaseHandle:
+               args: Any, kwargs: Any, *, answering: bool = False) -> LeaseHandle:
         owner = process_owner()
         info = None if self.request.called_directly else task_info(
             self, self.request, args, kwargs)
@@ -208,6 +211,12 @@ class LeasedTask(AttemptEnding):
                 self._complete(store, record, owner, settings, args, kwargs)
                 continue  # another delivery took the settlement first: look again
             if record.state in (LeaseState.DONE, LeaseState.DEAD):
+                if (not answering and record.task_id != self.request.id
+                        and not (self.request.is_eager or self.request.called_directly)):
+                    # Done under another task id: this delivery gets its own answer (see
+                    # answers.py), claimed like any work on a key of its own.
+                    raise Answer(self._claim(store, answer_key(key, self.request.id),
+                                             settings, args, kwargs, answering=True), record)
                 logger.info("lease %s is %s (token %s): delivery %s ignored",
                             key, record.state.value, record.token, self.request.id)
                 signals.duplicate_ignored.send(sender=self, key=key, state=record.state.value,
@@ -274,6 +283,25 @@ class LeasedTask(AttemptEnding):
             self._kill(handle, reason)
             raise LeaseDead(f"lease {lease.key!r} is dead: {reason}")
         return handle
+
+    def _answer(self, answer: Answer, settings: LeaseSettings, args: Any, kwargs: Any,
+                heartbeat: Heartbeat) -> Any:
+        """Answer a duplicate with the accepted outcome of the key it duplicates, under its
+        own answer lease: Celery stores it under this delivery's id and sends this delivery's
+        callbacks and chord part, as if the body had run."""
+        handle, record = answer.handle, answer.record
+        self.request.lease = handle
+        freeze_links(self.request)
+        logger.info("lease %s is %s under task %s: delivery %s answered with its outcome "
+                    "(answer key %s, token %s)", record.key, record.state.value,
+                    record.task_id, self.request.id, handle.key, handle.token)
+        signals.duplicate_answered.send(sender=self, key=record.key, state=record.state.value,
+                                        record=record, lease=handle.lease)
+        if record.state is LeaseState.DEAD:
+            self._kill(handle, record.reason or "dead")
+            raise LeaseDead(f"lease {record.key!r} is dead: {record.reason}")
+        heartbeat.watch(handle)
+        return self._finish(handle, record.result, settings, args, kwargs, heartbeat)
 
     # -- after the body ---------------------------------------------------------------------
 

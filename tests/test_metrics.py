@@ -121,7 +121,8 @@ def test_snapshot_counts_eager_runs(sqlite_url: str) -> None:
     assert totals == {
         "claims": 8, "takeovers": 1, "renew_failures": 1, "finished": 3, "releases": 1,
         "retries": 1, "dead_letters": 3, "swept": 1, "duplicates_deferred": 0,
-        "duplicates_ignored": 1, "stale_results_refused": 1, "effects_performed": 1,
+        "duplicates_ignored": 1, "duplicates_answered": 0, "stale_results_refused": 1,
+        "effects_performed": 1,
         "effect_replays": 1, "effect_conflicts": 1, "effects_outcome_unknown": 1,
         "settled": 0, "settles_completed": 0}  # eager runs settle at once
     assert figures["counters"]["claims"] == {ok.name: 1, effect.name: 3, flaky.name: 2,

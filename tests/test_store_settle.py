@@ -57,8 +57,11 @@ def test_finish_with_settle_keeps_the_key_settling_until_its_owner_confirms(
     assert store.settle(lease) is True
     record = store.get("k")
     assert record is not None
+    # Settled: of its task info, the row keeps only the task id (a duplicate under another
+    # id is answered, one under the same id dropped).
     assert (record.state, record.settling, record.result, record.task) == (
-        LeaseState.DONE, False, {"n": 1}, None)
+        LeaseState.DONE, False, {"n": 1}, {"options": {"task_id": "t-1"}})
+    assert record.task_id == "t-1"
     assert store.renew(lease, ttl=5) is None  # settled: nothing left to hold
     clock.advance(100)
     assert store.claim_settlement("k", owner="w2", ttl=10) is None
@@ -71,7 +74,8 @@ def test_finish_without_settle_is_settled_at_once(store: Store) -> None:
     assert store.finish(lease, 7)
     record = store.get("k")
     assert record is not None
-    assert (record.state, record.settling, record.task) == (LeaseState.DONE, False, None)
+    assert (record.state, record.settling, record.task) == (
+        LeaseState.DONE, False, {"options": {"task_id": "t-1"}})  # only the task id is kept
     assert store.claim_settlement("k", owner="w2", ttl=10) is None
 
 
@@ -241,5 +245,6 @@ def test_a_settled_redis_row_is_kept_in_the_compact_encoding(redis_store_url: st
                 assert store.settle(lease)
             assert client.object("encoding", f"{prefix}lease:{key}") in (b"listpack", b"ziplist")
             record = store.get(key)
-            assert record is not None and record.result == {"n": 1} and record.task is None
+            assert record is not None and record.result == {"n": 1}
+            assert record.task == {"options": {"task_id": "t-1"}}  # only the id is kept
             assert (record.state, record.token, record.settling) == (LeaseState.DONE, 1, False)

@@ -303,7 +303,7 @@ class RedisStore(Store):
                            updated_at=float(row["updated_at"]), fence=int(row.get("fence", 0)),
                            takeovers=int(row.get("takeovers", 0)),
                            not_before=float(row["not_before"]) if "not_before" in row else None,
-                           reason=row.get("reason"), task=decode_task(row.get("task")),
+                           reason=row.get("reason"), task=_task(row),
                            settling=row.get("settling") == "1")
 
     # -- effect receipts --------------------------------------------------------------------
@@ -358,3 +358,13 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _task(row: dict[str, str]) -> dict[str, Any] | None:
+    """The row's task info; a settled done row keeps only its task id (``drop_task`` in
+    redis.lua), shown in the shape the SQL stores keep it in."""
+    if "task" in row:
+        return decode_task(row["task"])
+    if "task_id" in row:
+        return {"options": {"task_id": row["task_id"]}}
+    return None

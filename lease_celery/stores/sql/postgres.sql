@@ -176,8 +176,9 @@ SET state = 'done', result = %(result)s, updated_at = clock.now, reason = NULL,
     expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
     sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL
                       THEN NULL ELSE clock.now + %(settle_within)s::double precision END,
-    task       = CASE WHEN %(settle_within)s::double precision IS NULL THEN NULL
-                      ELSE l.task END
+    -- settled at once: keep only the task id (a duplicate under another id is answered)
+    task       = CASE WHEN %(settle_within)s::double precision IS NULL AND l.task IS NOT NULL
+                      THEN jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'))::text ELSE l.task END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
@@ -189,7 +190,8 @@ RETURNING l.token
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET settling = false, sweep_at = NULL, updated_at = clock.now,
-    task = CASE WHEN l.state = 'done' THEN NULL ELSE l.task END
+    -- a settled done row keeps only its task id (a duplicate under another id is answered)
+    task = CASE WHEN l.state = 'done' AND l.task IS NOT NULL THEN jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'))::text ELSE l.task END
 FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
      AS c(key, owner, token)
 WHERE l.key = c.key AND l.settling AND l.owner = c.owner AND l.token = c.token

@@ -32,6 +32,20 @@ local function compact(hash)
   redis.call('DEL', hash)
   if #fields > 0 then redis.call('HSET', hash, unpack(fields)) end
 end
+-- A settled done row needs its task info no more, but keeps the task id (field task_id, short
+-- enough for the compact encoding): a duplicate under another task id is answered, one under
+-- the same id dropped (lease_celery.answers).
+local function drop_task(hash)
+  local task = redis.call('HGET', hash, 'task')
+  redis.call('HDEL', hash, 'task')
+  if task then
+    local ok, info = pcall(cjson.decode, task)
+    local options = ok and type(info) == 'table' and info.options
+    if type(options) == 'table' and type(options.task_id) == 'string' then
+      redis.call('HSET', hash, 'task_id', options.task_id)
+    end
+  end
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -61,6 +75,7 @@ local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 
 redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by')
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4])
 else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
+redis.call('HDEL', KEYS[1], 'task_id')
 watch(KEYS[4], KEYS[1], tonumber(deadline))
 redis.call('ZREM', terminal_index(KEYS[4]), KEYS[1])
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
@@ -117,7 +132,7 @@ elseif ARGV[8] ~= '' then  -- done/dead, settling until the owner confirms or th
   watch(KEYS[2], KEYS[1], tonumber(deadline))
 else
   if ARGV[4] == 'done' then
-    redis.call('HDEL', KEYS[1], 'task')
+    drop_task(KEYS[1])
     compact(KEYS[1])
   end
   redis.call('ZREM', KEYS[2], KEYS[1])
@@ -140,7 +155,7 @@ for i = 2, #KEYS do
     redis.call('HDEL', key, 'settling')
     redis.call('HSET', key, 'updated_at', fmt(t))
     if state == 'done' then
-      redis.call('HDEL', key, 'task')
+      drop_task(key)
       compact(key)
     end
     redis.call('ZREM', KEYS[1], key)

@@ -156,7 +156,9 @@ SET state = 'done', result = :result, updated_at = :now, reason = NULL,
     expires_at = COALESCE(:settle_deadline, :now),
     sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL
                       ELSE :settle_deadline END,
-    task       = CASE WHEN :settle_deadline IS NULL THEN NULL ELSE task END
+    -- settled at once: keep only the task id (a duplicate under another id is answered)
+    task       = CASE WHEN :settle_deadline IS NULL AND task IS NOT NULL
+                      THEN json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))) ELSE task END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
@@ -165,7 +167,8 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
 -- phase ends, and a done row no longer needs the task it would have been re-published with.
 UPDATE lease_celery_leases
 SET settling = 0, sweep_at = NULL, updated_at = :now,
-    task = CASE WHEN state = 'done' THEN NULL ELSE task END
+    -- a settled done row keeps only its task id (a duplicate under another id is answered)
+    task = CASE WHEN state = 'done' AND task IS NOT NULL THEN json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))) ELSE task END
 WHERE key = :key AND settling = 1 AND owner = :owner AND token = :token
 
 -- name: claim_settlement
