@@ -1,12 +1,23 @@
-"""Claim + finish cycles per second: through lease_celery, and with the raw driver alone.
+"""Claim + finish cycles per second: through lease_celery, on the raw driver, and the minimum.
 
-For each store the same two statements (the library's own SQL / Lua, read from its files) are
-issued in the same run, in alternating rounds so that machine noise hits both sides alike:
+Three sides per store, measured in the same run in alternating rounds (the order rotating from
+round to round) so that machine noise hits them alike:
+
+- *library*: ``store.claim`` + ``store.finish`` on a fresh key;
+- *raw*: the same statements (the library's own SQL / Lua, read from its files) on the raw
+  driver, without the library around them;
+- *minimal*: the physical limit, the smallest pair a hand-written program could send on that
+  driver to a tiny table (or hash) of its own with key, owner, token, expires_at, state and
+  result: an upsert claim of the fresh key with ``RETURNING token``, then one fenced ``UPDATE``
+  finish (state, owner, token and ``expires_at > now`` in its ``WHERE``); on Redis one claim
+  script (``HINCRBY`` the token, ``HSET`` owner, deadline and state) and one fenced finish
+  script. SQLite runs it with the same ``journal_mode`` and ``synchronous`` as the store.
 
     python benchmarks/store_cycle.py [--seconds 0.25] [--rounds 24] [--stores sqlite,postgres,redis]
 
-Prints cycles/s for each side (mean over the bursts) and the ratio library / raw. Needs
-PostgreSQL and Redis on 127.0.0.1 (the test servers) for those rows.
+Prints cycles/s for each side (mean over the bursts) and the ratios library / raw and
+library / minimal. Needs PostgreSQL and Redis on 127.0.0.1 (the test servers) for those rows;
+every side removes its own tables and keys.
 """
 
 from __future__ import annotations
@@ -55,11 +66,23 @@ def library_cycle(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     return cycle, store.close
 
 
-def raw_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
-    q = load_queries("sqlite")
+def store_synchronous(path: str) -> str:
+    """The ``synchronous`` mode the library's SQLite store runs this file with (its default)."""
+    with open_store(f"sqlite:///{path}") as store:
+        return str(store.synchronous).upper()  # type: ignore[attr-defined]
+
+
+def sqlite_connection(path: str) -> sqlite3.Connection:
+    """A connection set up as the library's SQLite store sets up its own."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=10)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA synchronous={store_synchronous(path)}")
+    return conn
+
+
+def raw_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    q = load_queries("sqlite")
+    conn = sqlite_connection(path)
     run = uuid.uuid4().hex[:8]
 
     def cycle(i: int) -> None:
@@ -122,20 +145,154 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     return cycle, client.close
 
 
-def measure(name: str, url: str, raw: Callable[[str], Any], seconds: float,
+# -- the minimal pair: the physical limit on each driver ----------------------------------
+
+MINIMAL_TABLE = "bench_minimal_leases"
+MINIMAL_SQLITE = {
+    "create": f"""CREATE TABLE IF NOT EXISTS {MINIMAL_TABLE} (
+        key TEXT PRIMARY KEY, owner TEXT NOT NULL, token INTEGER NOT NULL,
+        expires_at REAL NOT NULL, state TEXT NOT NULL, result TEXT)""",
+    "claim": f"""INSERT INTO {MINIMAL_TABLE} (key, owner, token, expires_at, state)
+        VALUES (:key, :owner, 1, :expires_at, 'running')
+        ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = token + 1,
+            expires_at = excluded.expires_at, state = 'running', result = NULL
+        WHERE state = 'running' AND expires_at <= :now
+        RETURNING token""",
+    "finish": f"""UPDATE {MINIMAL_TABLE} SET state = 'done', result = :result
+        WHERE key = :key AND owner = :owner AND token = :token AND state = 'running'
+          AND expires_at > :now""",
+}
+PG_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+MINIMAL_POSTGRES = {
+    "create": """CREATE TABLE IF NOT EXISTS {table} (
+        key text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_at double precision NOT NULL, state text NOT NULL, result text)""",
+    "claim": f"""INSERT INTO {{table}} AS m (key, owner, token, expires_at, state)
+        VALUES (%(key)s, %(owner)s, 1, {PG_NOW} + %(ttl)s, 'running')
+        ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = m.token + 1,
+            expires_at = excluded.expires_at, state = 'running', result = NULL
+        WHERE m.state = 'running' AND m.expires_at <= {PG_NOW}
+        RETURNING token""",
+    "finish": f"""UPDATE {{table}} SET state = 'done', result = %(result)s
+        WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s AND state = 'running'
+          AND expires_at > {PG_NOW}""",
+}
+REDIS_NOW = "local t = redis.call('TIME'); local now = t[1] + t[2] / 1000000\n"
+#: KEYS[1] the lease hash; ARGV owner, ttl. The new token, or nil when a live lease holds it.
+MINIMAL_REDIS_CLAIM = REDIS_NOW + """
+local lease = redis.call('HMGET', KEYS[1], 'state', 'expires_at')
+if lease[1] and not (lease[1] == 'running' and tonumber(lease[2]) <= now) then return nil end
+local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at', tostring(now + ARGV[2]),
+           'state', 'running')
+return token
+"""
+#: KEYS[1] the lease hash; ARGV owner, token, result. 1 if written, 0 if not current.
+MINIMAL_REDIS_FINISH = REDIS_NOW + """
+local lease = redis.call('HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at')
+if lease[1] ~= 'running' or lease[2] ~= ARGV[1] or lease[3] ~= ARGV[2]
+   or tonumber(lease[4]) <= now then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[3])
+return 1
+"""
+
+
+def minimal_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    conn = sqlite_connection(path)
+    conn.execute(MINIMAL_SQLITE["create"])
+    run = uuid.uuid4().hex[:8]
+
+    def cycle(i: int) -> None:
+        # Autocommit: each statement is its own transaction, one commit each (as the library).
+        key, now = f"min:{run}:{i}", time.time()
+        [(token,)] = conn.execute(MINIMAL_SQLITE["claim"], {
+            "key": key, "owner": "bench", "now": now, "expires_at": now + TTL}).fetchall()
+        cur = conn.execute(MINIMAL_SQLITE["finish"], {
+            "key": key, "owner": "bench", "token": token, "now": time.time(),
+            "result": json.dumps(RESULT)})
+        assert cur.rowcount == 1
+
+    def close() -> None:
+        conn.execute(f"DROP TABLE IF EXISTS {MINIMAL_TABLE}")
+        conn.close()
+
+    return cycle, close
+
+
+def minimal_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    import psycopg
+
+    schema = url.split("schema=")[1]
+    table = f'"{schema}".{MINIMAL_TABLE}'
+    q = {name: sql.replace("{table}", table) for name, sql in MINIMAL_POSTGRES.items()}
+    conn = psycopg.connect(PG_DSN, autocommit=True)
+    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    conn.execute(q["create"])
+    run = uuid.uuid4().hex[:8]
+
+    def cycle(i: int) -> None:
+        key = f"min:{run}:{i}"
+        row = conn.execute(q["claim"], {"key": key, "owner": "bench", "ttl": TTL}).fetchone()
+        assert row is not None
+        cur = conn.execute(q["finish"], {"key": key, "owner": "bench", "token": row[0],
+                                         "result": json.dumps(RESULT)})
+        assert cur.rowcount == 1
+
+    def close() -> None:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+    return cycle, close
+
+
+def minimal_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    claim = client.register_script(MINIMAL_REDIS_CLAIM)
+    finish = client.register_script(MINIMAL_REDIS_FINISH)
+    prefix = f"{url.split('prefix=')[1]}minimal:{uuid.uuid4().hex[:8]}:"
+
+    def cycle(i: int) -> None:
+        key = f"{prefix}{i}"
+        token = claim(keys=[key], args=["bench", repr(TTL)])
+        assert token is not None
+        assert finish(keys=[key], args=["bench", token, json.dumps(RESULT)]) == 1
+
+    def close() -> None:
+        for key in client.scan_iter(f"{prefix}*", count=1000):
+            client.delete(key)
+        client.close()
+
+    return cycle, close
+
+
+# -- the run ------------------------------------------------------------------------------
+
+Side = Callable[[str], tuple[Callable[[int], None], Callable[[], None]]]
+
+
+def measure(name: str, url: str, raw: Side, minimal: Side, seconds: float,
             rounds: int) -> dict[str, Any]:
-    lib_cycle, lib_close = library_cycle(url)
-    raw_cycle, raw_close = raw(url.removeprefix("sqlite:///") if name == "sqlite" else url)
-    lib_cycle(-1), raw_cycle(-1)  # warm up: connect, create schema, load scripts
-    # Many short alternating bursts: a slow patch of the machine (fsync stalls, the other
-    # core busy) lands on both sides instead of deciding the ratio.
-    lib_rates, raw_rates = [], []
-    for _ in range(rounds):
-        lib_rates.append(rate(lib_cycle, seconds))
-        raw_rates.append(rate(raw_cycle, seconds))
-    lib_close(), raw_close()
-    lib, raw_rate = statistics.mean(lib_rates), statistics.mean(raw_rates)
-    return {"store": name, "library": lib, "raw": raw_rate, "ratio": lib / raw_rate}
+    target = url.removeprefix("sqlite:///") if name == "sqlite" else url
+    sides = {"library": library_cycle(url)}  # first: it creates the schema the raw side uses
+    sides |= {"raw": raw(target), "minimal": minimal(target)}
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    order = list(sides)
+    try:
+        for cycle, _ in sides.values():
+            cycle(-1)  # warm up: connect, create schema, load scripts
+        # Many short bursts, the order rotating: a slow patch of the machine (fsync stalls,
+        # the other core busy) lands on every side instead of deciding the ratios.
+        for n in range(rounds):
+            for side in order[n % 3:] + order[:n % 3]:
+                rates[side].append(rate(sides[side][0], seconds))
+    finally:
+        for _, close in sides.values():
+            close()
+    mean = {side: statistics.mean(values) for side, values in rates.items()}
+    return {"store": name, **mean, "ratio": mean["library"] / mean["raw"],
+            "ratio_minimal": mean["library"] / mean["minimal"]}
 
 
 def main() -> None:
@@ -149,20 +306,21 @@ def main() -> None:
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         prefix = f"bench_{uuid.uuid4().hex[:8]}:"
         targets = {
-            "sqlite": (f"sqlite:///{Path(tmp) / 'bench.sqlite3'}", raw_sqlite),
-            "postgres": (f"{PG_DSN}?schema={schema}", raw_postgres),
-            "redis": (f"{REDIS_URL}?prefix={prefix}", raw_redis),
+            "sqlite": (f"sqlite:///{Path(tmp) / 'bench.sqlite3'}", raw_sqlite, minimal_sqlite),
+            "postgres": (f"{PG_DSN}?schema={schema}", raw_postgres, minimal_postgres),
+            "redis": (f"{REDIS_URL}?prefix={prefix}", raw_redis, minimal_redis),
         }
         try:
             for name in args.stores.split(","):
-                url, raw = targets[name]
-                rows.append(measure(name, url, raw, args.seconds, args.rounds))
+                url, raw, minimal = targets[name]
+                rows.append(measure(name, url, raw, minimal, args.seconds, args.rounds))
         finally:
             cleanup(schema, prefix, args.stores)
-    print(f"{'store':<10}{'library cycles/s':>18}{'raw cycles/s':>14}{'ratio':>8}")
+    print(f"{'store':<10}{'library cycles/s':>18}{'raw cycles/s':>14}{'minimal cycles/s':>18}"
+          f"{'lib/raw':>9}{'lib/minimal':>13}")
     for row in rows:
         print(f"{row['store']:<10}{row['library']:>18,.0f}{row['raw']:>14,.0f}"
-              f"{row['ratio']:>8.2f}")
+              f"{row['minimal']:>18,.0f}{row['ratio']:>9.2f}{row['ratio_minimal']:>13.2f}")
 
 
 def cleanup(schema: str, prefix: str, stores: str) -> None:

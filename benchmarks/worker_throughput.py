@@ -1,14 +1,14 @@
 """Tasks per second through real prefork workers: plain Celery, LeasedTask, celery-once, -singleton.
 
-    python benchmarks/throughput.py [--variants plain,sqlite,postgres,redis,once,singleton]
+    python benchmarks/worker_throughput.py [--variants plain,sqlite,postgres,redis,once,singleton]
         [--body noop,10ms] [--tasks noop=2000,10ms=500 | --tasks N] [--rounds 3] [--json]
 
-One ``celery worker -P prefork -c 2`` per variant (tasks in ``benchmarks/throughput_app.py``),
-Redis broker on database 9 with every key under a prefix of the run, ``task_acks_late``,
-prefetch multiplier 4, ``ignore_result``. Stores: SQLite in a temporary file, PostgreSQL in a
-schema of the run's own (dropped after), Redis database 10 under the run's prefix (deleted
-after). celery-once and celery-singleton lock on the broker's Redis (needs the ``bench`` extra:
-``pip install -e '.[bench]'``).
+One ``celery worker -P prefork -c 2`` per variant (tasks in
+``benchmarks/worker_throughput_app.py``), Redis broker on database 9 with every key under a
+prefix of the run, ``task_acks_late``, prefetch multiplier 4, ``ignore_result``. Stores: SQLite
+in a temporary file, PostgreSQL in a schema of the run's own (dropped after), Redis database 10
+under the run's prefix (deleted after). celery-once and celery-singleton lock on the broker's
+Redis (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
 
 A *batch* is N tasks of one variant and body. The harness publishes all N while that
 variant's worker is paused (SIGSTOP of its process group: it cannot start early and compete
@@ -200,7 +200,7 @@ class Run:
         os.environ.update(self.env, BENCH_VARIANTS=",".join(self.variants))
         if str(REPO) not in sys.path:
             sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
-        self.app_module = importlib.import_module("benchmarks.throughput_app")
+        self.app_module = importlib.import_module("benchmarks.worker_throughput_app")
         return self.app_module
 
     def start_workers(self) -> None:
@@ -219,7 +219,7 @@ class Run:
         env = {**os.environ, **self.env, "BENCH_VARIANTS": variant,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                            os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "celery", "-A", "benchmarks.throughput_app", "worker",
+        cmd = [sys.executable, "-m", "celery", "-A", "benchmarks.worker_throughput_app", "worker",
                "-P", "prefork", "-c", "2", "-Q", queue, "-n", hostname,
                "--without-gossip", "--without-mingle", "--without-heartbeat",
                "-l", self.loglevel]

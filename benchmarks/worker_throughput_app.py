@@ -1,4 +1,4 @@
-"""The Celery app the throughput workers run: ``celery -A benchmarks.throughput_app worker``.
+"""The Celery app the throughput workers run: ``celery -A benchmarks.worker_throughput_app worker``.
 
 One module holds every variant's tasks (``bench.<variant>.<body>``), so every worker runs the
 same Celery configuration and the same bodies; only the base class differs:
@@ -11,7 +11,7 @@ same Celery configuration and the same bodies; only the base class differs:
 Every task gets a distinct key (``batch`` is fresh for every batch, ``i`` runs over it), so no
 variant ever deduplicates anything: what is measured is the price of the bookkeeping.
 
-Configured from the environment that ``benchmarks/throughput.py`` sets (``BENCH_*``).
+Configured from the environment that ``benchmarks/worker_throughput.py`` sets (``BENCH_*``).
 ``BENCH_VARIANTS`` names the variants whose tasks this process registers: a worker registers
 only its own, because ``lease_celery`` opens (at worker start) and sweeps (every few seconds,
 from the worker's main process) the store of *every* LeasedTask the app has, and the plain

@@ -1,6 +1,6 @@
-"""The benchmark stays runnable: a very short run prints a row per store with a ratio.
+"""The benchmarks stay runnable: a very short run of each prints a row per store.
 
-Speed goals are not asserted here (machines are noisy); this only keeps the script from
+Speed goals are not asserted here (machines are noisy); this only keeps the scripts from
 rotting when the stores' statements change.
 """
 
@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_store_cycle_benchmark_runs_on_every_store() -> None:
-    """``benchmarks/store_cycle.py`` with tiny bursts prints cycles/s and a ratio per store."""
+    """``benchmarks/store_cycle.py`` with tiny bursts prints, per store, cycles/s through the
+    library, on the raw driver and for the minimal pair, and the two ratios."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
@@ -27,23 +28,63 @@ def test_store_cycle_benchmark_runs_on_every_store() -> None:
                           "--rounds", "2"], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    rows = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^(sqlite|postgres|redis)\s+[\d,]+\s+[\d,]+\s+([\d.]+)$", run.stdout, re.MULTILINE)}
+    assert re.search(r"^store\s+library cycles/s\s+raw cycles/s\s+minimal cycles/s\s+lib/raw"
+                     r"\s+lib/minimal$", run.stdout, re.MULTILINE), run.stdout
+    rows = {m.group(1): [float(g.replace(",", "")) for g in m.groups()[1:]] for m in re.finditer(
+        r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)$",
+        run.stdout, re.MULTILINE)}
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
-    assert all(ratio > 0 for ratio in rows.values())
+    assert all(value > 0 for values in rows.values() for value in values), run.stdout
 
+
+def test_heartbeat_cost_benchmark_prints_a_row_per_store_and_loses_nothing() -> None:
+    """``benchmarks/heartbeat_cost.py``, tiny (10 leases, short interval): a row per store and
+    start pattern with round trips and leases renewed per interval, and 0 leases lost."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    run = subprocess.run([sys.executable, "benchmarks/heartbeat_cost.py", "--leases", "10",
+                          "--intervals", "1", "--interval", "0.5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {(m.group(1), m.group(2)): (float(m.group(3)), float(m.group(4)), int(m.group(5)))
+            for m in re.finditer(r"^(sqlite|postgres|redis)\s+10\s+(aligned|staggered)\s+"
+                                 r"[\d.]+\s+\d+\s+([\d.]+)\s+([\d.,]+)\s+\d+\s+(\d+)$",
+                                 run.stdout, re.MULTILINE)}
+    assert set(rows) == {(store, starts) for store in ("sqlite", "postgres", "redis")
+                         for starts in ("aligned", "staggered")}, run.stdout
+    assert all(trips > 0 and renewed > 0 for trips, renewed, _ in rows.values()), run.stdout
+    assert all(lost == 0 for *_, lost in rows.values()), run.stdout
+
+    found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
+    assert found, run.stdout
+    import psycopg
+    import redis
+
+    from benchmarks import heartbeat_cost
+
+    client = redis.Redis(host=heartbeat_cost.REDIS_HOST, port=heartbeat_cost.REDIS_PORT,
+                         db=heartbeat_cost.REDIS_DB)
+    try:
+        assert not list(client.scan_iter(f"bench_hb_{found.group(1)}:*")), "redis keys left"
+    finally:
+        client.close()
+    with psycopg.connect(heartbeat_cost.PG_DSN) as conn:
+        left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (f"bench_hb_{found.group(1)}",)).fetchone()
+    assert left is None, "schema left behind"
 
 
 @pytest.mark.worker
-def test_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
-    """``benchmarks/throughput.py``, tiny: real prefork workers for plain, SQLite, Redis and
-    PostgreSQL print a rate and a ratio each, and the run leaves no key or schema behind."""
+def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
+    """``benchmarks/worker_throughput.py``, tiny: real prefork workers for plain, SQLite, Redis
+    and PostgreSQL print a rate and a ratio each, and the run leaves no key or schema behind."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
     # --deadline below the subprocess timeout: the harness stops and cleans up by itself
     # first (and its workers die with it even if it is killed).
-    run = subprocess.run([sys.executable, "benchmarks/throughput.py",
+    run = subprocess.run([sys.executable, "benchmarks/worker_throughput.py",
                           "--variants", "plain,sqlite,redis,postgres", "--body", "noop",
                           "--tasks", "50", "--rounds", "1", "--deadline", "100"],
                          cwd=REPO, capture_output=True, text=True, timeout=150)
@@ -60,13 +101,14 @@ def test_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
     import psycopg
     import redis
 
-    from benchmarks import throughput
+    from benchmarks import worker_throughput
 
-    for db in (throughput.BROKER_DB, throughput.STORE_DB):
-        client = redis.Redis(host=throughput.REDIS_HOST, port=throughput.REDIS_PORT, db=db)
+    for db in (worker_throughput.BROKER_DB, worker_throughput.STORE_DB):
+        client = redis.Redis(host=worker_throughput.REDIS_HOST,
+                             port=worker_throughput.REDIS_PORT, db=db)
         assert not list(client.scan_iter(f"{prefix}:*")), f"keys left in db {db}"
         assert not list(client.scan_iter(f"qo_*{found.group(1)}*"))
-    with psycopg.connect(throughput.PG_DSN) as conn:
+    with psycopg.connect(worker_throughput.PG_DSN) as conn:
         left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
                             (prefix,)).fetchone()
     assert left is None, f"schema {prefix} left behind"
