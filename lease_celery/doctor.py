@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .errors import LeaseError
 from .settings import LeaseSettings, resolve_settings
@@ -23,6 +23,7 @@ __all__ = ["Finding", "diagnose"]
 _VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
 #: RabbitMQ's server default consumer_timeout (30 minutes).
 RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+_AMQP = ("amqp", "amqps", "pyamqp", "librabbitmq")
 #: Tasks longer than this are "long" for prefetching purposes.
 LONG_TASK = 60.0
 _NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs",
@@ -99,13 +100,8 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
                 "broker.visibility_timeout.ttl", "warning", "delivery",
                 f"visibility_timeout={vt:g}s is shorter than lease_ttl={ttl:g}s: redelivery "
                 "comes before a dead owner's lease can even expire"))
-    elif scheme in ("amqp", "amqps", "pyamqp", "librabbitmq") and longest is not None \
-            and longest >= RABBITMQ_CONSUMER_TIMEOUT:
-        found.append(Finding(
-            "broker.consumer_timeout", "warning", "delivery",
-            f"the longest task ({longest:g}s) reaches RabbitMQ's default consumer_timeout "
-            f"({RABBITMQ_CONSUMER_TIMEOUT:g}s): the broker closes the channel and redelivers. "
-            "Raise consumer_timeout on the server (or per queue)"))
+    elif scheme in _AMQP:
+        found += _consumer_timeout(app, tasks)
     acks_late = [t.name for t in tasks if not t.acks_late]
     if acks_late:
         found.append(Finding(
@@ -123,11 +119,14 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
             "succeed: one task id would report both. Set task_reject_on_worker_lost=True"))
     multiplier = int(conf.worker_prefetch_multiplier or 0)
     if multiplier > 1 and (longest is None or longest > LONG_TASK):
+        towards = ("the visibility timeout" if scheme in _VISIBILITY_DEFAULTS
+                   else "RabbitMQ's consumer_timeout" if scheme in _AMQP else None)
         found.append(Finding(
             "worker.prefetch_multiplier", "warning", "delivery",
             f"worker_prefetch_multiplier={multiplier}: each worker process reserves "
-            f"{multiplier} messages while running a long task; they wait behind it (and sit "
-            "unacked towards the visibility timeout). Use 1 for long tasks"))
+            f"{multiplier} messages while running a long task; they wait behind it"
+            + (f" (and sit unacked towards {towards})" if towards else "")
+            + ". Use 1 for long tasks"))
     if conf.worker_deduplicate_successful_tasks:
         found.append(Finding(
             "worker.deduplicate_successful_tasks", "warning", "delivery",
@@ -135,7 +134,18 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
             "already succeeded, needs a persistent result backend and the transport's "
             "redelivered flag (SQS never sets it); the lease already drops those copies and "
             "also catches copies of running tasks. It is redundant here"))
-    if not found:
+    backend = str(conf.result_backend or "")
+    if backend.partition("://")[0] == "rpc":
+        found.append(Finding(
+            "backend.rpc", "ok", "delivery",
+            "result_backend=rpc:// sends a task's result to the reply queue of the thread that "
+            "published it (its reply_to), and only that thread reads it: AsyncResult(id).get() "
+            "anywhere else (another client, a worker, a restarted publisher) stays PENDING, "
+            "and a result sent once that queue is gone is dropped. Redeliveries and lease "
+            "re-publishes keep the reply_to, so the publisher gets the accepted result; "
+            "lease_celery never asks the result backend whether a task finished: the lease "
+            "row is the record (celery leases show KEY)"))
+    if not any(f.severity != "ok" for f in found):
         found.append(Finding("delivery.ok", "ok", "delivery",
                              f"broker ({scheme}) settings agree with the leases"))
     return found
@@ -160,10 +170,21 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
             "lease_sweep_interval=0 turns the workers' sweeper off: schedule the "
             "lease_celery.sweep task with beat, or recovery after a lost worker waits on the "
             "broker's redelivery"))
+    found += _periodic(app)
     if not any(f.promise == "ownership" and f.severity != "ok" for f in found):
         found.append(Finding("ownership.ok", "ok", "ownership",
                              "lease settings and store are sound"))
     return found
+
+
+def _periodic(app: Any) -> list[Finding]:
+    """beat_schedule entries whose LeasedTask would not run once per slot under
+    lease_celery.beat: a lease_key equal in every slot (it runs once, ever), a fixed task_id
+    as the key, a schedule with no slot rule."""
+    from .beat import schedule_problems
+
+    return [Finding(code, "warning", "ownership", message)
+            for code, message in schedule_problems(app)]
 
 
 def _store(url: str) -> list[Finding]:
@@ -174,7 +195,10 @@ def _store(url: str) -> list[Finding]:
     except (LeaseError, ValueError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {url} cannot be used: {exc}")]
-    if urlsplit(url).scheme != "sqlite":
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss"):
+        return _redis_eviction(url)
+    if scheme != "sqlite":
         return found
     path = unquote(urlsplit(url).path)[1:]
     if not path or path == ":memory:":
@@ -194,6 +218,80 @@ def _store(url: str) -> list[Finding]:
             "are not reliable there, and workers on several hosts must not share it. Use "
             "PostgreSQL for leases across machines"))
     return found
+
+
+def _consumer_timeout(app: Any, tasks: list[Any]) -> list[Finding]:
+    """RabbitMQ closes the channel of a consumer that holds a delivery unacked longer than
+    ``consumer_timeout``; with acks_late a task's message is held for the whole run."""
+    limit = RABBITMQ_CONSUMER_TIMEOUT
+    unbounded: list[str] = []
+    too_long: list[str] = []
+    for task in tasks:
+        if not task.acks_late:  # acked before it runs: the run holds nothing unacked
+            continue
+        time_limit = task.time_limit or app.conf.task_time_limit
+        if not time_limit:
+            unbounded.append(task.name)
+        elif float(time_limit) >= limit:
+            too_long.append(f"{task.name} ({float(time_limit):g}s)")
+    if not unbounded and not too_long:
+        return []
+    which = "; ".join(
+        ([f"no time limit: {', '.join(sorted(unbounded))}"] if unbounded else [])
+        + ([f"a time limit of {limit:g}s or more: {', '.join(sorted(too_long))}"]
+           if too_long else []))
+    return [Finding(
+        "broker.consumer_timeout", "warning", "delivery",
+        f"tasks with {which}. With task_acks_late a message stays unacked while its task "
+        "runs, and RabbitMQ closes the channel of a worker holding one longer than "
+        "consumer_timeout and delivers the message again, even while that worker still runs "
+        "it (the lease defers the copy; the channel's other unacked messages go back too). "
+        "A client cannot read the server's consumer_timeout: this assumes RabbitMQ's default, "
+        f"{limit:g}s. Set consumer_timeout above the longest task on the server "
+        "(rabbitmq.conf, in ms), or a task time limit below it")]
+
+
+def _redis_eviction(url: str) -> list[Finding]:
+    """The Redis store's ``maxmemory-policy``: an evicted lease row or token counter lets a key
+    run again with its tokens restarted. ``noeviction`` is safe, and so is ``volatile-*``:
+    lease keys never expire, so those policies never pick them."""
+    import redis
+
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "prefix"]
+    where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+    client = redis.Redis.from_url(
+        urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), "")),
+        socket_connect_timeout=5, socket_timeout=5, decode_responses=True)
+    try:
+        config: dict[Any, Any] = client.config_get("maxmemory*")
+        refused = "no maxmemory-policy in the reply"
+    except redis.RedisError as exc:  # CONFIG renamed away, or refused by an ACL
+        config, refused = {}, str(exc)
+    finally:
+        client.close()
+    policy = config.get("maxmemory-policy")
+    advice = "Set maxmemory-policy noeviction (or volatile-*: lease keys never expire)"
+    if not policy:
+        return [Finding(
+            "store.redis_eviction_unknown", "warning", "ownership",
+            f"could not check the Redis lease store's ({where}) maxmemory-policy (CONFIG GET: "
+            f"{refused}); an evicted lease row or token counter lets a key run again with its "
+            f"tokens restarted. {advice}")]
+    if policy == "noeviction" or policy.startswith("volatile-"):
+        return []
+    maxmemory = int(config.get("maxmemory") or 0)
+    if not maxmemory:
+        return [Finding(
+            "store.redis_eviction", "warning", "ownership",
+            f"the Redis lease store ({where}) has maxmemory-policy={policy!r}: nothing is "
+            "evicted while maxmemory is 0 (no limit), but once a limit is set Redis evicts "
+            f"lease rows and token counters, and keys run again with tokens restarted. {advice}")]
+    return [Finding(
+        "store.redis_eviction", "error", "ownership",
+        f"the Redis lease store ({where}) has maxmemory-policy={policy!r} with "
+        f"maxmemory={maxmemory}: once full, Redis evicts lease rows and token counters, and "
+        f"keys run again with tokens restarted. {advice}")]
 
 
 def _filesystem_type(path: str) -> str | None:

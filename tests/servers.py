@@ -46,3 +46,32 @@ def redis_reachable() -> tuple[bool, str]:
         return True, ""
     except redis.RedisError as exc:
         return False, f"{REDIS_STORE_URL}: {exc}"
+
+
+RABBITMQ_HOST = os.environ.get("LEASE_TEST_RABBITMQ_HOST", "127.0.0.1")
+RABBITMQ_PORT = int(os.environ.get("LEASE_TEST_RABBITMQ_PORT", "5672"))
+RABBITMQ_USER = os.environ.get("LEASE_TEST_RABBITMQ_USER", "guest")
+RABBITMQ_PASSWORD = os.environ.get("LEASE_TEST_RABBITMQ_PASSWORD", "guest")
+
+
+def rabbitmq_url(vhost: str = "/") -> str:
+    """The AMQP broker URL of ``vhost`` on the test RabbitMQ."""
+    from urllib.parse import quote
+
+    return (f"amqp://{RABBITMQ_USER}:{RABBITMQ_PASSWORD}@{RABBITMQ_HOST}:{RABBITMQ_PORT}/"
+            f"{quote(vhost, safe='')}")
+
+
+def rabbitmq_reachable(vhost: str = "/") -> tuple[bool, str]:
+    """Can we open an AMQP connection (login included) to ``vhost``?"""
+    import amqp
+
+    try:
+        connection = amqp.Connection(f"{RABBITMQ_HOST}:{RABBITMQ_PORT}", userid=RABBITMQ_USER,
+                                     password=RABBITMQ_PASSWORD, virtual_host=vhost,
+                                     connect_timeout=3)
+        connection.connect()
+        connection.close()
+        return True, ""
+    except Exception as exc:  # any failure means: not usable for the tests
+        return False, f"amqp://{RABBITMQ_HOST}:{RABBITMQ_PORT}/ vhost {vhost!r}: {exc!r}"

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import builtins
 import io
+import shutil
+import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 from lease_celery import LeasedTask, doctor
 from lease_celery.doctor import Finding, diagnose
 from tests.policy_helpers import PYTHON_M, cli_env, parse_json, run_cli
+from tests.servers import require
 
 #: ``celery`` itself; the app is named per run with ``-A``.
 CELERY_PROGRAM = [sys.executable, "-m", "celery"]
@@ -202,3 +210,148 @@ def test_doctor_command_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
 
     python_m = [*PYTHON_M[:3], "-A", "tests.doctor_apps.good"]
     assert run_cli(["doctor"], env=env, cwd=tmp_path, program=python_m).returncode == 0
+
+
+AMQP = "amqp://guest@127.0.0.1//"
+
+
+def test_amqp_tasks_without_a_time_limit_meet_consumer_timeout(sqlite_url: str) -> None:
+    """On RabbitMQ a task with no time limit may outlive consumer_timeout (the message stays
+    unacked while it runs, with acks_late): a warning naming the task, what the broker then
+    does, that the server's value is assumed (1800 s, unreadable by a client) and what to set."""
+    found = by_code(diagnose(make_app(sqlite_url, time_limit=None, broker_url=AMQP)))
+    message = found["broker.consumer_timeout"].message
+    assert found["broker.consumer_timeout"].severity == "warning"
+    assert "tasks with no time limit: tests.test_doctor.report." in message
+    assert "closes the channel of a worker holding one longer than consumer_timeout" in message
+    assert "delivers the message again, even while that worker still runs it" in message
+    assert "assumes RabbitMQ's default, 1800s" in message
+    assert "Set consumer_timeout above the longest task on the server" in message
+    assert "or a task time limit below it" in message
+    assert "visibility" not in message and "delivery.ok" not in found
+
+
+def test_amqp_consumer_timeout_names_limits_at_or_above_it(sqlite_url: str) -> None:
+    """A time limit of 1800 s or more is named with its value; 600 s is within the default
+    consumer_timeout (delivery ok); a task without acks_late holds nothing unacked while it
+    runs, so it is not named (its own acks_late finding says why it is a problem)."""
+    found = by_code(diagnose(make_app(sqlite_url, time_limit=1800, broker_url=AMQP)))
+    assert "a time limit of 1800s or more: tests.test_doctor.report (1800s)" in \
+        found["broker.consumer_timeout"].message
+    found = by_code(diagnose(make_app(sqlite_url, time_limit=600, broker_url=AMQP)))
+    assert "broker.consumer_timeout" not in found and "delivery.ok" in found
+    found = by_code(diagnose(make_app(sqlite_url, time_limit=None, broker_url=AMQP,
+                                      task_acks_late=False)))
+    assert "broker.consumer_timeout" not in found and "task.acks_late" in found
+
+
+@pytest.mark.parametrize(("broker", "words"), [
+    ("redis://127.0.0.1:6379/11", " (and sit unacked towards the visibility timeout)."),
+    (AMQP, " (and sit unacked towards RabbitMQ's consumer_timeout)."),
+    ("filesystem://", "they wait behind it. Use 1"),
+], ids=["redis", "amqp", "filesystem"])
+def test_prefetch_message_names_what_the_broker_has(sqlite_url: str, broker: str,
+                                                    words: str) -> None:
+    """The prefetch warning speaks of a visibility timeout only on brokers that have one: on
+    RabbitMQ the reserved messages count towards consumer_timeout, elsewhere towards nothing."""
+    found = by_code(diagnose(make_app(sqlite_url, broker_url=broker,
+                                      worker_prefetch_multiplier=4)))
+    message = found["worker.prefetch_multiplier"].message
+    assert words in message
+    if not broker.startswith("redis"):
+        assert "visibility" not in message
+
+
+def test_rpc_results_are_explained(sqlite_url: str) -> None:
+    """``rpc://`` gets an ``ok`` note: a result goes to the publishing thread's reply queue
+    only (AsyncResult elsewhere stays PENDING), re-publishes keep the reply_to, and the lease
+    row, not the backend, is what lease_celery reads. The app stays sound (delivery.ok)."""
+    found = by_code(diagnose(make_app(sqlite_url, broker_url=AMQP, result_backend="rpc://")))
+    note = found["backend.rpc"]
+    assert note.severity == "ok" and note.promise == "delivery"
+    for words in ("reply queue of the thread that published it (its reply_to)",
+                  "AsyncResult(id).get() anywhere else", "stays PENDING",
+                  "Redeliveries and lease re-publishes keep the reply_to",
+                  "the lease row is the record"):
+        assert words in note.message
+    assert {f.severity for f in found.values()} == {"ok"}
+    assert "delivery.ok" in found
+    assert "backend.rpc" not in by_code(diagnose(make_app(sqlite_url)))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def private_redis(tmp_path: Path, *options: str) -> Iterator[str]:
+    """A redis-server of this test's own (loopback, nothing on disk) started with ``options``;
+    yields a lease store URL on it."""
+    binary = shutil.which("redis-server")
+    require("redis-server", binary is not None, "no redis-server on PATH")
+    assert binary is not None
+    port = _free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path), *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        client = redis.Redis(port=port, socket_connect_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError(f"redis-server {options} did not start") from None
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0?prefix=doctor:"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+#: (redis-server options, finding code or None, severity, words in its message)
+EVICTION: list[tuple[tuple[str, ...], str | None, str, str]] = [
+    (("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"), "store.redis_eviction",
+     "error", "maxmemory-policy='allkeys-lru' with maxmemory=67108864: once full"),
+    (("--maxmemory-policy", "allkeys-lfu"), "store.redis_eviction", "warning",
+     "nothing is evicted while maxmemory is 0"),
+    (("--rename-command", "CONFIG", ""), "store.redis_eviction_unknown", "warning",
+     "could not check the Redis lease store's"),
+    (("--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"), None, "", ""),
+    (("--maxmemory", "64mb", "--maxmemory-policy", "noeviction"), None, "", ""),
+]
+
+
+@pytest.mark.parametrize(("options", "code", "severity", "words"), EVICTION,
+                         ids=["allkeys-lru", "allkeys-lfu-unlimited", "config-disabled",
+                              "volatile-lru", "noeviction"])
+def test_redis_store_maxmemory_policy(tmp_path: Path, options: tuple[str, ...],
+                                      code: str | None, severity: str, words: str) -> None:
+    """A Redis store's maxmemory-policy, read with CONFIG GET on a real server of the test's
+    own: an allkeys-* policy evicts lease rows and token counters (an error once maxmemory is
+    set, a warning while there is no limit); CONFIG renamed away (as managed Redis does) is
+    said to be unchecked; noeviction and volatile-* (lease keys never expire) pass."""
+    with private_redis(tmp_path, *options) as url:
+        found = by_code(diagnose(make_app(url)))
+    eviction = {c: f for c, f in found.items() if c.startswith("store.redis_eviction")}
+    if code is None:
+        assert not eviction and "ownership.ok" in found
+        return
+    assert list(eviction) == [code]
+    assert eviction[code].severity == severity
+    assert words in eviction[code].message
+    assert "Set maxmemory-policy noeviction (or volatile-*: lease keys never expire)" in \
+        eviction[code].message
+    assert "ownership.ok" not in found
+
+
+def test_shared_test_redis_store_passes(redis_store_url: str) -> None:
+    """The suite's own Redis (noeviction, Redis's default) passes the eviction check."""
+    found = by_code(diagnose(make_app(redis_store_url)))
+    assert not [c for c in found if c.startswith("store.")] and "ownership.ok" in found

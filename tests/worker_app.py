@@ -1,8 +1,9 @@
 """The Celery app that the worker tests run in real ``celery worker`` processes.
 
 Configured from the environment (set by tests/workers.py): broker and result backend on a
-Redis database of the test run's own, the lease store URL, the queue, and a journal (a Redis
-list) where task bodies and lease signals record what really happened, as seen by the worker.
+Redis database of the test run's own (tests/test_rabbitmq.py: RabbitMQ and ``rpc://``, the
+journal staying on Redis), the lease store URL, the queue, and a journal (a Redis list) where
+task bodies and lease signals record what really happened, as seen by the worker.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from lease_celery import LeasedTask, LeaseLost
 
 BROKER = os.environ.get("LEASE_TEST_BROKER", "redis://127.0.0.1:6379/11")
 JOURNAL = os.environ.get("LEASE_TEST_JOURNAL", "journal")
+#: The Redis the journal lives in: the broker itself, unless the broker is not Redis.
+JOURNAL_REDIS = os.environ.get("LEASE_TEST_JOURNAL_REDIS", BROKER)
 
 app = Celery("worker_app", broker=BROKER, backend=BROKER)
 app.conf.update(
@@ -47,7 +50,7 @@ def record(event: str, **fields: Any) -> None:
     """Append one event to the journal list (the test reads it back in order)."""
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(BROKER)
+        _redis = redis.Redis.from_url(JOURNAL_REDIS)
     entry = {"event": event, "pid": os.getpid(), "host": socket.gethostname(),
              "t": time.time(), **fields}
     _redis.rpush(JOURNAL, json.dumps(entry, default=str))
@@ -277,7 +280,7 @@ def toggled(self: LeasedTask, job_id: str) -> dict[str, Any]:
     """Fail permanently while the Redis key ``<journal>:fail:<job_id>`` exists, else succeed."""
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(BROKER)
+        _redis = redis.Redis.from_url(JOURNAL_REDIS)
     record("body_start", job_id=job_id, token=self.lease.token, task_id=self.request.id)
     if _redis.exists(f"{JOURNAL}:fail:{job_id}"):
         raise ValueError(f"{job_id} is switched to fail")
@@ -316,6 +319,7 @@ app.conf.update({name: value for name, value in {
     "lease_sweep_interval": _float_env("LEASE_TEST_SWEEP_INTERVAL"),
     "lease_metrics_port": _int_env("LEASE_TEST_METRICS_PORT"),
     "worker_soft_shutdown_timeout": _float_env("LEASE_TEST_SOFT_SHUTDOWN"),
+    "broker_heartbeat": _float_env("LEASE_TEST_BROKER_HEARTBEAT"),
 }.items() if value is not None})
 
 
@@ -448,3 +452,10 @@ def hard_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
     if token == 1:
         time.sleep(3.0)
     return {"job_id": job_id, "token": token}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", ignore_result=True)
+def quiet(self: LeasedTask, job_id: str) -> None:
+    """Fire and forget: Celery stores nothing and sends nothing, so the finish is written
+    behind the return (lease_celery.background)."""
+    record("body_start", job_id=job_id, token=self.lease.token, owner=self.lease.owner)
