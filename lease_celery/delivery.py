@@ -56,8 +56,9 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
     """
     request = task.request
     try:
+        # lease_unique=False: this delivery must arrive, even though its key has a holder.
         task.signature_from_request(request, args, kwargs, countdown=countdown,
-                                    expires=None).apply_async()
+                                    expires=None).apply_async(lease_unique=False)
     except Exception as exc:
         logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
         raise Reject(exc, requeue=True) from exc
@@ -65,7 +66,7 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:
     """Publish the recorded delivery again (same task id, arguments, routing and links)."""
-    return app.signature(dict(info)).apply_async(**options)
+    return app.signature(dict(info)).apply_async(lease_unique=False, **options)
 
 
 def body_signature(cls: type) -> Callable[..., Any] | None:

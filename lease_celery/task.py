@@ -27,6 +27,7 @@ from .attempts import AttemptEnding
 from .background import finish_in_background
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
+    ConfigError,
     LeaseDead,
     LeaseError,
     LeaseHeld,
@@ -41,6 +42,7 @@ from .models import Lease, LeaseRecord, LeaseState
 from .settings import LeaseSettings, resolve_settings
 from .settle import confirm_stored, freeze_links
 from .stores.base import Store, check_ttl
+from .unique import existing_holder
 
 __all__ = ["LeasedTask"]
 
@@ -76,6 +78,9 @@ class LeasedTask(AttemptEnding):
     ``lease_ttl``, ``lease_heartbeat_interval``, ``lease_store_url``,
     ``lease_retry_time_limits``, ``lease_finish_in_background``
         Override the ``lease_*`` Celery settings for this task.
+    ``lease_unique``
+        ``True``: ``apply_async`` returns the ``AsyncResult`` of the key's live or done holder
+        instead of publishing again (also per call: ``apply_async(..., lease_unique=True)``).
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.handle.LeaseHandle`
     (``token``, ``owner``, ``check()``).
@@ -87,6 +92,7 @@ class LeasedTask(AttemptEnding):
     lease_store_url: ClassVar[str | None] = None
     lease_retry_time_limits: ClassVar[bool | None] = None
     lease_finish_in_background: ClassVar[bool | None] = None
+    lease_unique: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -103,6 +109,9 @@ class LeasedTask(AttemptEnding):
             value = cls.__dict__.get(name)
             if value is not None:
                 check_ttl(value, name=f"{name} of {where}")
+        unique = cls.__dict__.get("lease_unique")
+        if unique is not None and not isinstance(unique, bool):
+            raise ConfigError(f"lease_unique of {where} must be True or False, got {unique!r}")
         own = cls.__dict__.get("after_return")
         if own is not None and not getattr(own, "_lease_settles", False):
             cls.after_return = _settling_after_return(own)  # type: ignore[method-assign]
@@ -111,6 +120,17 @@ class LeasedTask(AttemptEnding):
     def on_bound(cls, app: Any) -> None:
         # Binding happens when the app is finalized: at worker start at the latest.
         cls._lease_settings = resolve_settings(app, cls)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    *more: Any, lease_unique: bool | None = None, **options: Any) -> Any:
+        """Celery's ``apply_async``; with ``lease_unique`` (this call's, else the task's), a
+        key that already has a holder is not published again (``lease_celery.unique``)."""
+        unique = self.lease_unique if lease_unique is None else lease_unique
+        if unique:
+            holder = existing_holder(self, args, kwargs, task_id)
+            if holder is not None:
+                return holder
+        return super().apply_async(args, kwargs, task_id, *more, **options)
 
     # -- public API inside the body ---------------------------------------------------------
 

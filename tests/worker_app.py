@@ -459,3 +459,9 @@ def quiet(self: LeasedTask, job_id: str) -> None:
     """Fire and forget: Celery stores nothing and sends nothing, so the finish is written
     behind the return (lease_celery.background)."""
     record("body_start", job_id=job_id, token=self.lease.token, owner=self.lease.owner)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", lease_unique=True)
+def unique_work(self: LeasedTask, job_id: str, seconds: float = 0.0) -> dict[str, Any]:
+    """``work`` with ``lease_unique``: a publish of a held or done key returns its holder."""
+    return _checked_run(self, job_id, seconds)
