@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from . import signals
 from .delivery import republish_later
-from .errors import LeaseDead, LeaseLost, StoreError
+from .errors import LeaseCancelled, LeaseDead, LeaseLost, StoreError
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
 from .policy import Outcome
@@ -93,6 +93,13 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         propagate as it is.
         """
         attempts = handle.lease.attempts
+        if handle.cancelled is not None and isinstance(exc, Exception):
+            # An operator cancelled the key: it ends dead whatever the body raised (most often
+            # LeaseCancelled from check()), and is never retried.
+            self._kill(handle, handle.cancelled)
+            if isinstance(exc, (Retry, Ignore, Reject)):
+                raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}") from exc
+            return
         if isinstance(exc, Retry) and attempts >= settings.policy.max_attempts:
             # Celery will retry, but the lease budget is spent: end it here, so the row counts
             # exactly the attempts that ran and the failure reaches the result backend (the

@@ -23,6 +23,7 @@ Slot rules (:func:`slot_of`):
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import uuid
@@ -416,3 +417,28 @@ def _fill(value: Any, slot: str) -> Any:
 class LeasedScheduler(LeasedSchedulerMixin, PersistentScheduler):  # type: ignore[misc]
     """Celery's default scheduler (a shelve file per beat) with one task id per slot:
     ``celery -A proj beat -S lease_celery.beat:LeasedScheduler``."""
+
+
+#: The mixin on third-party schedulers, built on first use (lease_celery requires neither):
+#: ``-S lease_celery.beat:LeasedRedBeatScheduler`` or ``:LeasedDatabaseScheduler``.
+_THIRD_PARTY = {
+    "LeasedRedBeatScheduler": ("redbeat", "RedBeatScheduler", "celery-redbeat"),
+    "LeasedDatabaseScheduler": ("django_celery_beat.schedulers", "DatabaseScheduler",
+                                "django-celery-beat"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _THIRD_PARTY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, base, package = _THIRD_PARTY[name]
+    try:
+        scheduler = getattr(importlib.import_module(module), base)
+    except ImportError as exc:
+        raise ImportError(f"lease_celery.beat.{name} needs {package}: "
+                          f"pip install {package}") from exc
+    made = type(name, (LeasedSchedulerMixin, scheduler), {
+        "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{module}.{base} with one task id per slot."})
+    globals()[name] = made  # one class for good: later look-ups do not come here
+    return made

@@ -157,6 +157,26 @@ def release(ctx: Context, key: str, reason: str) -> None:
 
 @leases.command()
 @click.argument("key")
+@click.option("--reason", default="by an operator", show_default=True)
+@click.pass_obj
+def cancel(ctx: Context, key: str, reason: str) -> None:
+    """Cancel a key: a running holder stops at its next heartbeat, a key not yet started never
+    runs; it ends dead ("cancelled: REASON") until requeued."""
+    with ctx.store() as store:
+        done = store.cancel(key, reason=reason)
+        record = store.get(key)
+    if not done:
+        _fail(ctx, f"lease {key!r} is {record.state.value if record else 'none'}: nothing to "
+                   f"cancel")
+    assert record is not None
+    how = ("its holder stops at its next heartbeat" if record.state is LeaseState.RUNNING
+           else "it will not run")
+    _emit(ctx, {"cancelled": key, "state": record.state.value, "reason": record.cancel},
+          f"cancelled {key}: {how} ({record.cancel})")
+
+
+@leases.command()
+@click.argument("key")
 @click.option("--publish/--no-publish", default=True, show_default=True,
               help="Re-publish the task recorded on the lease.")
 @click.pass_obj

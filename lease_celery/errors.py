@@ -8,10 +8,12 @@ happened. Driver errors never escape raw: the store boundary wraps them in ``Sto
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointNotSerializable",
     "ConfigError",
     "EffectConflict",
     "EffectOutcomeUnknown",
     "InvalidKey",
+    "LeaseCancelled",
     "LeaseDead",
     "LeaseError",
     "LeaseHeld",
@@ -33,6 +35,15 @@ class LeaseError(Exception):
 
 class LeaseLost(LeaseError):
     """The lease is no longer held by this owner: stop the protected work."""
+
+
+class LeaseCancelled(LeaseLost):
+    """An operator cancelled this key (``celery leases cancel``): stop the protected work. The
+    key ends ``dead`` with the reason ``cancelled: …``."""
+
+
+class CheckpointNotSerializable(LeaseError, TypeError):
+    """The checkpoint cannot be stored: checkpoints must be JSON-serializable."""
 
 
 class LeaseDead(LeaseError):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .errors import LeaseLost
+from .errors import LeaseCancelled, LeaseLost
 from .models import Lease
-from .stores.base import Store
+from .stores.base import Store, encode_checkpoint
 
 __all__ = ["LeaseHandle"]
+
+_UNREAD: Any = object()  # checkpoint_data not read from the store yet
 
 
 class LeaseHandle:
@@ -43,6 +46,10 @@ class LeaseHandle:
         # The finish is queued on the heartbeat's sender threads (``background``): the task
         # returned, and that write, not a renewal, says whether the lease was still current.
         self.writing = False
+        # An operator's cancel, as the claim or a renewal brought it ("cancelled: ...").
+        self._cancel: str | None = lease.cancel
+        # The key's checkpoint as this execution knows it: unread (_UNREAD) until asked for.
+        self._checkpoint: Any = _UNREAD
 
     # -- what the task body reads ---------------------------------------------------------
 
@@ -86,12 +93,47 @@ class LeaseHandle:
             return "no renewal succeeded before the lease deadline"
         return self._lost_reason
 
+    @property
+    def cancelled(self) -> str | None:
+        """``cancelled: …`` once an operator cancelled the key (seen at the claim or a renewal,
+        so within one heartbeat interval of ``celery leases cancel``); None otherwise."""
+        return self._cancel
+
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if this execution may no longer hold the lease."""
+        """Raise :class:`LeaseLost` if this execution may no longer hold the lease, and
+        :class:`LeaseCancelled` (a ``LeaseLost``) once an operator cancelled the key."""
+        if self._cancel is not None:
+            raise LeaseCancelled(f"lease {self.key!r} (token {self.token}) was {self._cancel}; "
+                                 f"stop the protected work")
         reason = self.lost_reason
         if reason is not None:
             raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
                             f"is lost: {reason}; stop the protected work")
+
+    def checkpoint(self, data: Any) -> None:
+        """Record progress ``data`` (JSON) on the lease row, fenced and durable on return.
+
+        Only the current holder's write is accepted: otherwise ``LeaseLost`` is raised and
+        nothing is written. The next owner of the key (a takeover, a retry, a requeue) reads it
+        as ``checkpoint_data`` and resumes from there; it is cleared when the key is done.
+        """
+        encoded = encode_checkpoint(data)  # CheckpointNotSerializable before any write
+        self.check()
+        if not self.store.checkpoint(self._lease, encoded):
+            reason = "checkpoint refused: the lease expired or was taken over"
+            self.mark_lost(reason)
+            raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
+                            f"is lost: {reason}; stop the protected work")
+        self._checkpoint = json.loads(encoded)  # what a reader of the row gets back
+
+    @property
+    def checkpoint_data(self) -> Any:
+        """The key's latest checkpoint: this execution's last one, else what a previous
+        generation left (read from the store once), or None on a fresh key."""
+        if self._checkpoint is _UNREAD:
+            record = self.store.get(self.key)
+            self._checkpoint = None if record is None else record.checkpoint
+        return self._checkpoint
 
     def fenced(self) -> AbstractContextManager[Any]:
         """A transaction on the lease store in which this lease is verified current.
@@ -120,6 +162,8 @@ class LeaseHandle:
         """A renewal sent at ``sent_at`` was accepted. Renewals may overlap (a slow store):
         only one sent later than the last accepted one moves the deadline."""
         with self._lock:
+            if lease.cancel is not None:
+                self._cancel = lease.cancel
             if sent_at + self.ttl > self._local_deadline:
                 self._lease = lease
                 self._local_deadline = sent_at + self.ttl

@@ -43,6 +43,9 @@ class Lease:
     # Counters at claim time: information, not identity (a Lease compares by what fences it).
     attempts: int = field(default=1, compare=False)
     takeovers: int = field(default=0, compare=False)
+    #: An operator asked to cancel this key (``store.cancel``): the reason, ``cancelled: …``,
+    #: as the claim or the last renewal saw it; the holder stops (``LeaseCancelled``).
+    cancel: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class LeaseRecord:
     #: ``done``/``dead`` whose owner has not yet confirmed that Celery stored the outcome
     #: (``expires_at`` is then the settle deadline).
     settling: bool = False
+    #: The latest progress checkpoint of the key (``LeaseHandle.checkpoint``), kept across
+    #: takeovers, retries and requeues, cleared when the key is done.
+    checkpoint: Any = None
+    #: ``cancelled: …`` while a cancellation waits for the running holder to stop (and on the
+    #: dead row it leaves); None otherwise.
+    cancel: str | None = None
 
     @property
     def task_id(self) -> str | None:
@@ -75,7 +84,8 @@ class LeaseRecord:
         return None if task_id is None else str(task_id)
 
     @classmethod
-    def from_row(cls, row: Sequence[Any], *, result: Any, task: Any) -> LeaseRecord:
+    def from_row(cls, row: Sequence[Any], *, result: Any, task: Any,
+                 checkpoint: Any = None) -> LeaseRecord:
         """Build from the column order of the stores' ``get`` query (see the SQL files)."""
         return cls(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
                    expires_at=None if row[4] is None else float(row[4]),
@@ -83,7 +93,8 @@ class LeaseRecord:
                    updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]),
                    takeovers=int(row[9]), not_before=None if row[10] is None else float(row[10]),
                    reason=row[11], task=task,
-                   settling=bool(row[13]) if len(row) > 13 else False)
+                   settling=bool(row[13]) if len(row) > 13 else False,
+                   checkpoint=checkpoint, cancel=row[15] if len(row) > 15 else None)
 
 
 @dataclass(frozen=True)

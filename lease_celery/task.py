@@ -28,6 +28,7 @@ from .background import finish_in_background
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
     ConfigError,
+    LeaseCancelled,
     LeaseDead,
     LeaseError,
     LeaseHeld,
@@ -298,6 +299,10 @@ class LeasedTask(AttemptEnding):
         handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
                              heartbeat_interval=settings.heartbeat_interval, sent_at=sent_at,
                              task=self)
+        if lease.cancel is not None:
+            # Cancelled while its holder was gone: this delivery never runs the body.
+            self._kill(handle, lease.cancel)
+            raise LeaseCancelled(f"lease {lease.key!r} was {lease.cancel}")
         reason = settings.policy.on_claim(attempts=lease.attempts, takeovers=lease.takeovers)
         if reason is not None:
             self._kill(handle, reason)
@@ -329,6 +334,12 @@ class LeasedTask(AttemptEnding):
                 kwargs: Any, heartbeat: Heartbeat) -> Any:
         # Still watched: if the finish is accepted, the heartbeat renews the settle deadline
         # until Celery has stored the result (after_return).
+        if handle.cancelled is not None:
+            # The body returned after the cancel reached it: the cancel wins, as if check()
+            # had raised at the end.
+            heartbeat.unwatch(handle)
+            self._kill(handle, handle.cancelled)
+            raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}")
         settle_within = self._settle_within(settings)
         request = self.request
         if (settle_within is None and settings.finish_in_background

@@ -149,7 +149,7 @@ def test_a_background_finish_the_store_refuses_is_reported_stale(sqlite_url: str
 
 
 class _Lease:
-    key, owner, token = "flush:1", "me", 1
+    key, owner, token, cancel = "flush:1", "me", 1, None
 
 
 def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() -> None:

@@ -18,14 +18,21 @@ from urllib.parse import urlsplit
 
 from kombu.utils import json as kombu_json
 
-from ..errors import ConfigError, InvalidKey, LeaseLost, ResultNotSerializable, StoreError
+from ..errors import (
+    CheckpointNotSerializable,
+    ConfigError,
+    InvalidKey,
+    LeaseLost,
+    ResultNotSerializable,
+    StoreError,
+)
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 
 if TYPE_CHECKING:
     from ..effects import Effects
 
 __all__ = ["DEFAULT_SWEEP_GRACE", "MAX_KEY_LENGTH", "Clock", "EncodedResult", "Store",
-           "encode_result", "open_store", "register_scheme"]
+           "cancel_reason", "encode_checkpoint", "encode_result", "open_store", "register_scheme"]
 
 Clock = Callable[[], float]
 
@@ -163,6 +170,20 @@ class Store(abc.ABC):
         """
 
     # -- operator actions: conditional on the row's state, not on a lease -------------------
+
+    @abc.abstractmethod
+    def checkpoint(self, lease: Lease, data: str) -> bool:
+        """Fenced: store ``data`` (JSON text, see ``encode_checkpoint``) as the key's progress
+        checkpoint if ``lease`` is still current; False (nothing written) otherwise. The
+        checkpoint survives takeovers, retries and requeue; ``finish`` clears it."""
+
+    @abc.abstractmethod
+    def cancel(self, key: str, *, reason: str) -> bool:
+        """An operator cancels ``key``, in one conditional write. A live holder is asked to
+        stop: its next claim or renewal returns the reason (``Lease.cancel``), and it ends the
+        key ``dead``. A key nobody holds (no row, ``ready``, an expired lease) goes ``dead``
+        at once, so no delivery runs its body. False for a ``done`` or ``dead`` key. ``reason``
+        is stored as ``cancelled: <reason>``; ``requeue`` brings the key back."""
 
     @abc.abstractmethod
     def force_release(self, key: str, *, reason: str) -> bool:
@@ -418,6 +439,24 @@ def encode_result(result: Any) -> str:
         raise ResultNotSerializable(
             f"lease results must be JSON-serializable; {type(result).__name__} is not ({exc})"
         ) from exc
+
+
+def encode_checkpoint(data: Any) -> str:
+    """A checkpoint as strict JSON, or ``CheckpointNotSerializable`` naming the problem."""
+    try:
+        return json.dumps(data, allow_nan=False, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointNotSerializable(
+            f"lease checkpoints must be JSON-serializable; {type(data).__name__} is not "
+            f"({exc})") from exc
+
+
+def cancel_reason(reason: object) -> str:
+    """The stored form of an operator's cancel reason: ``cancelled: <reason>``."""
+    if not isinstance(reason, str):
+        raise TypeError(f"cancel reason must be a str, got {type(reason).__name__}")
+    _check_text(reason, "cancel reason", ValueError)
+    return f"cancelled: {reason.strip() or 'by an operator'}"[:2000]
 
 
 def encode_task(task: Mapping[str, Any] | None) -> str | None:

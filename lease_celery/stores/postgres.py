@@ -28,6 +28,7 @@ from .base import (
     PURGE_BATCH,
     Clock,
     Store,
+    cancel_reason,
     check_delay,
     check_key,
     check_limit,
@@ -57,7 +58,7 @@ __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 _INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
 
@@ -146,9 +147,12 @@ class PostgresStore(Store):
                                  f"{version}, newer than this lease_celery ({SCHEMA_VERSION})")
             if version == SCHEMA_VERSION:
                 return  # no DDL: it would lock the table against running workers
-            if version is not None:  # schema 1: the settle phase and the sweeper's index
+            if version is not None:
+                # 1 -> 2: the settle phase and the sweeper's index; 2 -> 3: checkpoints and
+                # cancellation. New columns only: no row is rewritten but schema 1's.
                 conn.execute(self._q["migrate_columns"])
-                conn.execute(self._q["migrate_fill_sweep_at"])
+                if version < 2:
+                    conn.execute(self._q["migrate_fill_sweep_at"])
             conn.execute(self._q["create_sweep_index"])
             conn.execute(self._q["create_terminal_index"])
             conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
@@ -215,7 +219,7 @@ class PostgresStore(Store):
         if row is None:
             return None
         return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
-                     takeovers=int(row[4]))
+                     takeovers=int(row[4]), cancel=row[5])
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
         ttl = check_ttl(ttl)
@@ -225,11 +229,12 @@ class PostgresStore(Store):
         rows = self._run(lambda conn: conn.execute(self._q["renew_many"], self._params(
             ttl=ttl, keys=[p["key"] for p in params], owners=[p["owner"] for p in params],
             tokens=[p["token"] for p in params])).fetchall())
-        deadlines = {(key, owner, int(token)): float(expires_at)
-                     for key, owner, token, expires_at in rows}
-        found = [deadlines.get((lease.key, lease.owner, lease.token)) for lease in leases]
-        return [None if deadline is None else dataclasses.replace(lease, expires_at=deadline)
-                for lease, deadline in zip(leases, found, strict=True)]
+        renewed = {(key, owner, int(token)): (float(expires_at), cancel)
+                   for key, owner, token, expires_at, cancel in rows}
+        found = [renewed.get((lease.key, lease.owner, lease.token)) for lease in leases]
+        return [None if row is None else dataclasses.replace(
+                    lease, expires_at=row[0], cancel=row[1])
+                for lease, row in zip(leases, found, strict=True)]
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         return self.renew_many([lease], ttl=ttl)[0]
@@ -249,6 +254,14 @@ class PostgresStore(Store):
         return self._fenced_write("kill", lease, LeaseState.DEAD, **fence_params(lease),
                                   reason=reason,
                                   settle_within=settle_deadline_offset(settle_within))
+
+    def checkpoint(self, lease: Lease, data: str) -> bool:
+        return self._returns_row("checkpoint", checkpoint=str(data), **fence_params(lease))
+
+    def cancel(self, key: str, *, reason: str) -> bool:
+        # Re-sent after a lost reply, the cancel finds its own effect (a dead or cancelling
+        # row): answered False then, which only under-reports; the row is as asked.
+        return self._returns_row("cancel", key=check_key(key), reason=cancel_reason(reason))
 
     def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         if not leases:
@@ -440,4 +453,5 @@ def _int_option(url: str, name: str, raw: str) -> int:
 
 
 def _record(row: Sequence[Any]) -> LeaseRecord:
-    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_task(row[12]))
+    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_task(row[12]),
+                                checkpoint=decode_result(row[14]))

@@ -25,6 +25,7 @@ from .base import (
     DEFAULT_SWEEP_GRACE,
     Clock,
     Store,
+    cancel_reason,
     check_delay,
     check_key,
     check_limit,
@@ -130,9 +131,10 @@ class RedisStore(Store):
                            if_resent=lambda reply: reply or self._claimed_by(key, owner, nonce))
         if not reply:
             return None
-        token, deadline, fence, attempts, takeovers = reply
+        token, deadline, fence, attempts, takeovers, *cancel = reply
         return Lease(key, owner, int(token), float(deadline), int(fence),
-                     attempts=int(attempts), takeovers=int(takeovers))
+                     attempts=int(attempts), takeovers=int(takeovers),
+                     cancel=(cancel[0] if cancel else None) or None)
 
     def _claimed_by(self, key: str, owner: str, nonce: str,
                     state: str | None = "running") -> list[str] | None:
@@ -140,14 +142,15 @@ class RedisStore(Store):
         try:
             fields = self._client.hmget(self._keys(key)[0], [
                 "state", "owner", "nonce", "token", "expires_at", "fence", "attempts",
-                "takeovers"])
+                "takeovers", "cancel"])
         except redis.RedisError as exc:
             raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         row_state, row_owner, row_nonce, *rest = (
             str(v) if v is not None else None for v in fields)
         if (row_owner, row_nonce) != (owner, nonce) or (state is not None and row_state != state):
             return None
-        return [v or "0" for v in rest]
+        *numbers, cancel = rest
+        return [*(v or "0" for v in numbers), cancel or ""]
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
         ttl = check_ttl(ttl)
@@ -159,8 +162,9 @@ class RedisStore(Store):
             args += [params["owner"], str(params["token"])]
         reply = self._call("renew", [self._running,
                                      *(self._keys(lease.key)[0] for lease in leases)], args)
-        return [dataclasses.replace(lease, expires_at=float(deadline)) if deadline else None
-                for lease, deadline in zip(leases, reply, strict=True)]
+        return [dataclasses.replace(lease, expires_at=float(deadline), cancel=cancel or None)
+                if deadline else None
+                for lease, (deadline, cancel) in zip(leases, reply, strict=True)]
 
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         return self.renew_many([lease], ttl=ttl)[0]
@@ -188,6 +192,17 @@ class RedisStore(Store):
         return self._fenced_write(lease, LeaseState.DEAD, reason=reason,
                                   settle_within=settle_within)
 
+    def checkpoint(self, lease: Lease, data: str) -> bool:
+        params = fence_params(lease)
+        # Re-sent after a lost reply, the same write is judged again: still ours, accepted.
+        return bool(self._call("checkpoint", [self._keys(lease.key)[0]], [
+            params["owner"], str(params["token"]), str(data)]))
+
+    def cancel(self, key: str, *, reason: str) -> bool:
+        lease_hash, counter = self._keys(check_key(key))
+        return bool(self._call("cancel", [lease_hash, self._running, counter],
+                               [cancel_reason(reason)]))
+
     def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         if not leases:
             return []
@@ -209,7 +224,7 @@ class RedisStore(Store):
                                key, owner, nonce, state=None))
         if not reply:
             return None
-        token, deadline, fence, attempts, takeovers = reply
+        token, deadline, fence, attempts, takeovers, *_ = reply
         return Lease(key, owner, int(token), float(deadline), int(fence),
                      attempts=int(attempts), takeovers=int(takeovers))
 
@@ -304,7 +319,9 @@ class RedisStore(Store):
                            takeovers=int(row.get("takeovers", 0)),
                            not_before=float(row["not_before"]) if "not_before" in row else None,
                            reason=row.get("reason"), task=_task(row),
-                           settling=row.get("settling") == "1")
+                           settling=row.get("settling") == "1",
+                           checkpoint=decode_result(row.get("checkpoint")),
+                           cancel=row.get("cancel"))
 
     # -- effect receipts --------------------------------------------------------------------
 

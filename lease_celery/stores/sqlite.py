@@ -28,6 +28,7 @@ from .base import (
     PURGE_BATCH,
     Clock,
     Store,
+    cancel_reason,
     check_delay,
     check_key,
     check_limit,
@@ -47,7 +48,7 @@ from .queries import load_queries
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
 _Q = load_queries("sqlite")
@@ -164,8 +165,8 @@ class SQLiteStore(Store):
             if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"sqlite store {self.path!r} has schema version {row[0]}, newer"
                                  f" than this lease_celery understands ({SCHEMA_VERSION})")
-            if row is not None and int(row[0]) < 2:
-                self._migrate_to_2(conn)
+            if row is not None and int(row[0]) < SCHEMA_VERSION:
+                self._migrate(conn, from_version=int(row[0]))
             conn.execute(_Q["create_sweep_index"])
             conn.execute(_Q["create_terminal_index"])
             if row is None or int(row[0]) != SCHEMA_VERSION:
@@ -176,13 +177,15 @@ class SQLiteStore(Store):
             raise
 
     @staticmethod
-    def _migrate_to_2(conn: sqlite3.Connection) -> None:
-        """Schema 1 -> 2: the settle phase and the sweeper's own index (same transaction)."""
+    def _migrate(conn: sqlite3.Connection, *, from_version: int) -> None:
+        """In the setup's transaction: schema 1 -> 2, the settle phase and the sweeper's own
+        index; 2 -> 3, checkpoints and cancellation (new columns, nothing rewritten)."""
         columns = {name for (name,) in conn.execute(_Q["table_columns"])}
-        for column in ("settling", "sweep_at", "swept_by"):
+        for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel"):
             if column not in columns:
                 conn.execute(_Q[f"migrate_{column}"])
-        conn.execute(_Q["migrate_fill_sweep_at"])
+        if from_version < 2:
+            conn.execute(_Q["migrate_fill_sweep_at"])
 
     def close(self) -> None:
         with self._lock:
@@ -251,7 +254,7 @@ class SQLiteStore(Store):
                 return None
             conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
             return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]),
-                         attempts=int(row[3]), takeovers=int(row[4]))
+                         attempts=int(row[3]), takeovers=int(row[4]), cancel=row[5])
 
         return self._write(body)
 
@@ -268,8 +271,8 @@ class SQLiteStore(Store):
             for lease in leases:
                 row = conn.execute(_Q["renew"], {**fence_params(lease), "now": now,
                                                  "expires_at": now + ttl}).fetchone()
-                renewed.append(None if row is None
-                               else dataclasses.replace(lease, expires_at=float(row[0])))
+                renewed.append(None if row is None else dataclasses.replace(
+                    lease, expires_at=float(row[0]), cancel=row[1]))
             return renewed
 
         return self._write(body)
@@ -281,6 +284,21 @@ class SQLiteStore(Store):
         return self._write(lambda conn, now: conn.execute(_Q["finish"], {
             **fence_params(lease), "now": now, "result": encoded,
             "settle_deadline": None if within is None else now + within}).rowcount == 1)
+
+    def checkpoint(self, lease: Lease, data: str) -> bool:
+        params = {**fence_params(lease), "checkpoint": str(data)}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["checkpoint"], {**params, "now": now}).rowcount == 1)
+
+    def cancel(self, key: str, *, reason: str) -> bool:
+        params = {"key": check_key(key), "reason": cancel_reason(reason)}
+
+        def body(conn: sqlite3.Connection, now: float) -> bool:
+            if conn.execute(_Q["cancel_held"], {**params, "now": now}).rowcount == 1:
+                return True
+            return conn.execute(_Q["cancel_idle"], {**params, "now": now}).rowcount == 1
+
+        return self._write(body)
 
     def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         if not leases:
@@ -379,7 +397,8 @@ class SQLiteStore(Store):
     @staticmethod
     def _record(row: Sequence[Any]) -> LeaseRecord:
         return LeaseRecord.from_row(row, result=decode_result(row[6]),
-                                    task=decode_task(row[12]))
+                                    task=decode_task(row[12]),
+                                    checkpoint=decode_result(row[14]))
 
     def purge(self, key: str) -> bool:
         key = check_key(key)

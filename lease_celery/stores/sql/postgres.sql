@@ -34,14 +34,20 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
     -- sweep call that last re-published the row (a re-sent sweep reports exactly its own).
     settling    boolean          NOT NULL DEFAULT false,
     sweep_at    double precision,
-    swept_by    text
+    swept_by    text,
+    -- Schema 3: the holder's latest progress checkpoint (JSON), and 'cancelled: ...' once an
+    -- operator cancelled the key.
+    checkpoint  text,
+    cancel      text
 )
 
 -- name: migrate_columns
 ALTER TABLE {schema}.lease_celery_leases
     ADD COLUMN IF NOT EXISTS settling boolean NOT NULL DEFAULT false,
     ADD COLUMN IF NOT EXISTS sweep_at double precision,
-    ADD COLUMN IF NOT EXISTS swept_by text
+    ADD COLUMN IF NOT EXISTS swept_by text,
+    ADD COLUMN IF NOT EXISTS checkpoint text,
+    ADD COLUMN IF NOT EXISTS cancel text
 
 -- name: migrate_fill_sweep_at
 -- Schema 1 -> 2: rows the sweeper must keep watching get their next look; done rows of schema
@@ -139,12 +145,12 @@ ON CONFLICT (key) DO UPDATE SET
 WHERE l.state = 'purged'
    OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)))
    OR (l.state = 'running' AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
-RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers
+RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers, l.cancel
 
 -- name: claimed_by
 -- After a refused claim: did this very claim call (its nonce) win, its reply lost and the
 -- statement re-sent? Then the row carries the nonce.
-SELECT token, expires_at, fence, attempts, takeovers
+SELECT token, expires_at, fence, attempts, takeovers, cancel
 FROM {schema}.lease_celery_leases
 WHERE key = %(key)s AND state = 'running' AND owner = %(owner)s AND nonce = %(nonce)s
 
@@ -162,7 +168,7 @@ FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
 WHERE l.key = c.key AND (l.state = 'running' OR l.settling) AND l.owner = c.owner
   AND l.token = c.token
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
-RETURNING l.key, l.owner, l.token, l.expires_at
+RETURNING l.key, l.owner, l.token, l.expires_at, l.cancel
 
 -- name: finish
 -- %(settle_within)s NULL: settled at once; else done and settling until the owner confirms
@@ -172,6 +178,7 @@ WITH clock AS (
 )
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'done', result = %(result)s, updated_at = clock.now, reason = NULL,
+    checkpoint = NULL, cancel = NULL,
     settling   = %(settle_within)s::double precision IS NOT NULL,
     expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
     sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL
@@ -274,7 +281,7 @@ RETURNING l.token
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = clock.now,
-    reason = %(reason)s, settling = false, swept_by = NULL,
+    reason = %(reason)s, settling = false, swept_by = NULL, cancel = NULL,
     sweep_at = CASE WHEN l.task IS NULL THEN NULL ELSE clock.now END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'dead'
@@ -328,7 +335,7 @@ RETURNING key
 
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task, settling
+       not_before, reason, task, settling, checkpoint, cancel
 FROM {schema}.lease_celery_leases
 WHERE state <> 'purged' AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(prefix)s::text IS NULL OR left(key, length(%(prefix)s::text)) = %(prefix)s::text)
@@ -355,6 +362,7 @@ old AS (
 )
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
+    checkpoint = NULL, cancel = NULL,
     not_before = NULL, swept_token = NULL, settling = false, sweep_at = NULL, swept_by = NULL,
     updated_at = clock.now
 FROM clock, old
@@ -371,9 +379,45 @@ WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.toke
                               extract(epoch FROM clock_timestamp())::double precision)
 FOR UPDATE
 
+-- name: checkpoint
+-- Fenced like finish: only the current holder's progress is written.
+UPDATE {schema}.lease_celery_leases AS l SET checkpoint = %(checkpoint)s
+WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
+  AND l.expires_at > COALESCE(%(now)s::double precision,
+                              extract(epoch FROM clock_timestamp())::double precision)
+RETURNING l.token
+
+-- name: cancel
+-- One statement. A live holder is asked to stop (its next renewal returns the reason); a key
+-- nobody holds (no row, ready, an expired lease, a purge tombstone) goes dead at once, keeping
+-- its token. Done and dead keys are left alone (nothing returned).
+WITH clock AS (SELECT COALESCE(%(now)s::double precision,
+                               extract(epoch FROM clock_timestamp())::double precision) AS now)
+INSERT INTO {schema}.lease_celery_leases AS l
+       (key, state, owner, token, expires_at, attempts, takeovers, reason, updated_at, cancel)
+SELECT %(key)s, 'dead', NULL, 0, clock.now, 0, 0, %(reason)s, clock.now, %(reason)s FROM clock
+ON CONFLICT (key) DO UPDATE SET
+    state      = CASE WHEN l.state = 'running' AND l.expires_at > EXCLUDED.updated_at
+                      THEN 'running' ELSE 'dead' END,
+    reason     = CASE WHEN l.state = 'running' AND l.expires_at > EXCLUDED.updated_at
+                      THEN l.reason ELSE EXCLUDED.reason END,
+    owner      = CASE WHEN l.state = 'purged' THEN NULL ELSE l.owner END,
+    attempts   = CASE WHEN l.state = 'purged' THEN 0 ELSE l.attempts END,
+    expires_at = CASE WHEN l.state = 'running' AND l.expires_at > EXCLUDED.updated_at
+                      THEN l.expires_at ELSE EXCLUDED.updated_at END,
+    updated_at = EXCLUDED.updated_at,
+    not_before = NULL,
+    sweep_at   = CASE WHEN l.state = 'running' AND l.expires_at > EXCLUDED.updated_at
+                      THEN l.sweep_at ELSE NULL END,
+    swept_by   = CASE WHEN l.state = 'running' AND l.expires_at > EXCLUDED.updated_at
+                      THEN l.swept_by ELSE NULL END,
+    cancel     = EXCLUDED.cancel
+WHERE l.state IN ('running', 'ready', 'purged')
+RETURNING l.state
+
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task, settling
+       not_before, reason, task, settling, checkpoint, cancel
 FROM {schema}.lease_celery_leases WHERE key = %(key)s AND state <> 'purged'
 
 -- name: purge
@@ -382,6 +426,7 @@ WITH clock AS (SELECT COALESCE(%(now)s::double precision,
                                extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET state = 'purged', owner = NULL, result = NULL, task = NULL, reason = NULL,
+    checkpoint = NULL, cancel = NULL,
     not_before = NULL, swept_token = NULL, settling = false, sweep_at = NULL, swept_by = NULL,
     updated_at = clock.now
 FROM clock

@@ -78,7 +78,8 @@ else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 redis.call('HDEL', KEYS[1], 'task_id')
 watch(KEYS[4], KEYS[1], tonumber(deadline))
 redis.call('ZREM', terminal_index(KEYS[4]), KEYS[1])
-return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers)}
+return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers),
+        redis.call('HGET', KEYS[1], 'cancel') or ''}
 
 -- name: renew
 -- A running lease, or a finished one whose owner is still settling it.
@@ -96,9 +97,9 @@ for i = 2, #KEYS do
     local deadline = fmt(t + tonumber(ARGV[2]))
     redis.call('HSET', key, 'expires_at', deadline, 'updated_at', fmt(t))
     watch(KEYS[1], key, tonumber(deadline))
-    out[n] = deadline
+    out[n] = {deadline, redis.call('HGET', key, 'cancel') or ''}  -- an operator's cancel
   else
-    out[n] = ''
+    out[n] = {'', ''}
   end
 end
 return out
@@ -116,6 +117,7 @@ if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
 redis.call('HDEL', KEYS[1], 'swept_by')
+if ARGV[4] == 'done' then redis.call('HDEL', KEYS[1], 'checkpoint', 'cancel') end
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[6])
 else redis.call('HDEL', KEYS[1], 'reason') end
@@ -203,9 +205,44 @@ local t = now(ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
            'updated_at', fmt(t), 'reason', ARGV[2])
-redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
+redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by', 'cancel')
 watch(KEYS[2], KEYS[1], t)
 redis.call('ZREM', terminal_index(KEYS[2]), KEYS[1])
+return 1
+
+-- name: checkpoint
+-- Fenced like finish: only the current holder's progress is written. KEYS: lease hash.
+-- ARGV: injected_now, owner, token, checkpoint JSON.
+local t = now(ARGV[1])
+local state, owner, token, expires_at = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
+if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
+        and tonumber(expires_at) > t) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'checkpoint', ARGV[4])
+return 1
+
+-- name: cancel
+-- A live holder is asked to stop (its next renewal returns the reason); a key nobody holds
+-- (no hash, ready, an expired lease) goes dead at once, keeping its token. Done and dead keys
+-- are left alone. KEYS: lease hash, running index, token counter. ARGV: injected_now, reason.
+local t = now(ARGV[1])
+local state, expires_at = unpack(redis.call('HMGET', KEYS[1], 'state', 'expires_at'))
+if state == 'running' and tonumber(expires_at) > t then
+  redis.call('HSET', KEYS[1], 'cancel', ARGV[2])
+  return 1
+end
+if state and state ~= 'ready' and state ~= 'running' then return 0 end
+if not state then
+  redis.call('HSET', KEYS[1], 'token', redis.call('GET', KEYS[3]) or '0', 'attempts', 0,
+             'takeovers', 0, 'fence', 0)
+end
+redis.call('HSET', KEYS[1], 'state', 'dead', 'reason', ARGV[2], 'cancel', ARGV[2],
+           'expires_at', fmt(t), 'updated_at', fmt(t))
+redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
+redis.call('ZREM', KEYS[2], KEYS[1])
+redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
 return 1
 
 -- name: sweep

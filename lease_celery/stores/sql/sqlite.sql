@@ -3,7 +3,7 @@
 -- clock and the write.
 
 -- name: create_leases
--- Schema version 2. settling: the key is done (or dead) and its owner has not yet confirmed
+-- Schema version 3 (2 + checkpoint, cancel). settling: the key is done (or dead) and its owner has not yet confirmed
 -- that Celery stored the outcome; expires_at is then the settle deadline. sweep_at: when the
 -- sweeper should next look at the row (NULL: never; terminal rows, rows without task info),
 -- so a sweep reads only what it may act on, through a partial index.
@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS lease_celery_leases (
     fence       INTEGER NOT NULL DEFAULT 0,
     settling    INTEGER NOT NULL DEFAULT 0,
     sweep_at    REAL,
-    swept_by    TEXT                         -- the sweep call that last re-published the row
+    swept_by    TEXT,                        -- the sweep call that last re-published the row
+    checkpoint  TEXT,                        -- JSON: the holder's latest progress checkpoint
+    cancel      TEXT                         -- 'cancelled: ...' once an operator cancelled it
 ) WITHOUT ROWID
 
 -- name: create_sweep_index
@@ -46,6 +48,12 @@ ALTER TABLE lease_celery_leases ADD COLUMN sweep_at REAL
 
 -- name: migrate_swept_by
 ALTER TABLE lease_celery_leases ADD COLUMN swept_by TEXT
+
+-- name: migrate_checkpoint
+ALTER TABLE lease_celery_leases ADD COLUMN checkpoint TEXT
+
+-- name: migrate_cancel
+ALTER TABLE lease_celery_leases ADD COLUMN cancel TEXT
 
 -- name: migrate_fill_sweep_at
 -- Schema 1 -> 2: rows the sweeper must keep watching get their next look; done rows of schema
@@ -135,7 +143,7 @@ ON CONFLICT (key) DO UPDATE SET
     swept_by   = NULL
 WHERE (state = 'ready' AND (not_before IS NULL OR not_before <= :now))
    OR (state = 'running' AND expires_at <= :now)
-RETURNING token, expires_at, fence, attempts, takeovers
+RETURNING token, expires_at, fence, attempts, takeovers, cancel
 
 -- name: renew
 -- A running lease, or a finished one whose owner is still settling it (the deadline then
@@ -145,13 +153,14 @@ SET expires_at = :expires_at, updated_at = :now,
     sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :expires_at END
 WHERE key = :key AND (state = 'running' OR settling = 1) AND owner = :owner
   AND token = :token AND expires_at > :now
-RETURNING expires_at
+RETURNING expires_at, cancel
 
 -- name: finish
 -- :settle_deadline NULL: settled at once (no result backend or callbacks to wait for); else
 -- the key is done and settling until its owner confirms (settle) or the deadline passes.
 UPDATE lease_celery_leases
 SET state = 'done', result = :result, updated_at = :now, reason = NULL,
+    checkpoint = NULL, cancel = NULL,
     settling   = :settle_deadline IS NOT NULL,
     expires_at = COALESCE(:settle_deadline, :now),
     sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL
@@ -214,7 +223,7 @@ WHERE key = :key AND state = 'running'
 -- dead -> ready with a fresh budget of attempts; the token continues.
 UPDATE lease_celery_leases
 SET state = 'ready', attempts = 0, takeovers = 0, not_before = NULL, updated_at = :now,
-    reason = :reason, settling = 0, swept_by = NULL,
+    reason = :reason, settling = 0, swept_by = NULL, cancel = NULL,
     sweep_at = CASE WHEN task IS NULL THEN NULL ELSE :now END
 WHERE key = :key AND state = 'dead'
 RETURNING task
@@ -250,7 +259,7 @@ WHERE key = :key AND token = :token AND swept_by IS NOT NULL AND sweep_at IS NOT
 
 -- name: list
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task, settling
+       not_before, reason, task, settling, checkpoint, cancel
 FROM lease_celery_leases
 WHERE (:state IS NULL OR state = :state)
   AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
@@ -281,8 +290,31 @@ WHERE key IN (SELECT key FROM lease_celery_leases
 
 -- name: get
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
-       not_before, reason, task, settling
+       not_before, reason, task, settling, checkpoint, cancel
 FROM lease_celery_leases WHERE key = :key
+
+-- name: checkpoint
+-- Fenced like finish: only the current holder's progress is written.
+UPDATE lease_celery_leases SET checkpoint = :checkpoint
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
+-- name: cancel_held
+-- An operator's cancel reaches a live holder through its next renewal.
+UPDATE lease_celery_leases SET cancel = :reason
+WHERE key = :key AND state = 'running' AND expires_at > :now
+
+-- name: cancel_idle
+-- A key nobody holds (no row yet, ready, or an expired lease) is cancelled at once: dead, so
+-- no delivery runs its body. Its token stays (a new row starts at its retired token).
+INSERT INTO lease_celery_leases
+       (key, state, owner, token, expires_at, attempts, takeovers, reason, updated_at, cancel)
+VALUES (:key, 'dead', NULL, COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0),
+        :now, 0, 0, :reason, :now, :reason)
+ON CONFLICT (key) DO UPDATE SET
+    state = 'dead', reason = excluded.reason, cancel = excluded.cancel, updated_at = :now,
+    expires_at = :now, not_before = NULL, settling = 0, sweep_at = NULL, swept_by = NULL
+WHERE state = 'ready' OR (state = 'running' AND expires_at <= :now)
 
 -- name: check_current
 -- The fencing predicate for store.fenced(); BEGIN IMMEDIATE already holds the write lock, so no
