@@ -465,3 +465,18 @@ def quiet(self: LeasedTask, job_id: str) -> None:
 def unique_work(self: LeasedTask, job_id: str, seconds: float = 0.0) -> dict[str, Any]:
     """``work`` with ``lease_unique``: a publish of a held or done key returns its holder."""
     return _checked_run(self, job_id, seconds)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def stepper(self: LeasedTask, job_id: str, steps: int, pause: float) -> dict[str, Any]:
+    """Long work in ``steps`` steps, resumed from the key's checkpoint: journal each step run
+    (with this execution's token), then checkpoint it."""
+    lease = self.lease
+    done = int((lease.checkpoint_data or {}).get("done", 0))
+    record("body_start", job_id=job_id, token=lease.token, resumed_after=done)
+    for step in range(done + 1, steps + 1):
+        time.sleep(pause)
+        lease.check()
+        record("step", job_id=job_id, step=step, token=lease.token)
+        lease.checkpoint({"done": step})
+    return {"job_id": job_id, "token": lease.token, "steps": steps}
