@@ -95,7 +95,8 @@ def leases(click_ctx: click.Context, store_url: str | None, as_json: bool) -> No
 @leases.command(name="list")
 @click.option("--state", type=click.Choice([s.value for s in LeaseState]))
 @click.option("--prefix", help="Only keys starting with this.")
-@click.option("--owner", help="Only leases of this owner (hostname:pid:uuid).")
+@click.option("--owner", help="Only leases of this owner: an execution (hostname:pid:uuid/n) "
+              "or every execution of a process (hostname:pid:uuid).")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.pass_obj
 def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None,

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
-from .identity import process_owner
+from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
 from .models import Lease, LeaseRecord, LeaseState
 from .settings import LeaseSettings, resolve_settings
@@ -216,7 +216,7 @@ class LeasedTask(AttemptEnding):
 
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
                args: Any, kwargs: Any, *, answering: bool = False) -> LeaseHandle:
-        owner = process_owner()
+        owner = execution_owner()
         info = None if self.request.called_directly else task_info(
             self, self.request, args, kwargs)
         for _ in range(CLAIM_ROUNDS):

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
+from ..identity import owned_by
 from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
 from .base import (
     DEFAULT_SWEEP_GRACE,
@@ -256,7 +257,7 @@ class RedisStore(Store):
                    if (prefix is None or key.startswith(prefix))
                    and (record := self.get(key)) is not None
                    and (wanted is None or record.state is wanted)
-                   and (owner is None or record.owner == owner)]
+                   and (owner is None or owned_by(record.owner, owner))]
         records.sort(key=lambda r: r.updated_at or 0.0, reverse=True)
         return records[:limit]
 

@@ -339,7 +339,8 @@ SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
 FROM {schema}.lease_celery_leases
 WHERE state <> 'purged' AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(prefix)s::text IS NULL OR left(key, length(%(prefix)s::text)) = %(prefix)s::text)
-  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text
+       OR left(owner, length(%(owner)s::text) + 1) = %(owner)s::text || '/')
 ORDER BY updated_at DESC
 LIMIT %(limit)s
 

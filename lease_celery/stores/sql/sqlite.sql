@@ -263,7 +263,7 @@ SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence
 FROM lease_celery_leases
 WHERE (:state IS NULL OR state = :state)
   AND (:prefix IS NULL OR substr(key, 1, length(:prefix)) = :prefix)
-  AND (:owner IS NULL OR owner = :owner)
+  AND (:owner IS NULL OR owner = :owner OR substr(owner, 1, length(:owner) + 1) = :owner || '/')
 ORDER BY updated_at DESC
 LIMIT :limit
 
