@@ -6,8 +6,10 @@ Exit codes: 0 done; 1 the key is missing or not in a state that allows the actio
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import click
 from .delivery import republish
 from .doctor import diagnose
 from .errors import LeaseError
-from .models import LeaseRecord, LeaseState
+from .models import HistoryEntry, LeaseRecord, LeaseState
 from .settings import resolve_settings
 from .stores.base import Store, open_store
 from .sweeper import sweep
@@ -61,6 +63,10 @@ class Context:
                 yield store
         except LeaseError as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+#: History entries ``show`` prints.
+SHOW_HISTORY = 5
 
 
 def _record_dict(record: LeaseRecord) -> dict[str, Any]:
@@ -128,9 +134,44 @@ def show(ctx: Context, key: str) -> None:
         _fail(ctx, f"no lease for key {key!r}")
     assert record is not None
     data = _record_dict(record)
+    with ctx.store() as store:
+        recent = store.history(key, limit=SHOW_HISTORY)
+    data["history"] = [asdict(entry) for entry in recent]
     text = "\n".join(f"{name:>11}: {_show_value(name, value, now)}"
-                     for name, value in data.items())
-    _emit(ctx, data, text + "\n    history: not kept (each claim overwrites owner and token)")
+                     for name, value in data.items() if name != "history")
+    lines = [_history_line(entry, now) for entry in recent] or ["(none yet)"]
+    _emit(ctx, data, text + f"\n    history (last {SHOW_HISTORY}; `history KEY` for all):\n"
+          + "\n".join(f"      {line}" for line in lines))
+
+
+@leases.command()
+@click.argument("key")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.pass_obj
+def history(ctx: Context, key: str, limit: int) -> None:
+    """Everything that happened to one key, oldest first: claims, takeovers, lapses,
+    outcomes, sweeps and operators' actions."""
+    with ctx.store() as store:
+        entries = store.history(key, limit=limit)
+        now = store.now()
+    if not entries:
+        _fail(ctx, f"no history for key {key!r}")
+    _emit(ctx, [asdict(entry) for entry in entries],
+          "\n".join(_history_line(entry, now) for entry in entries))
+
+
+def _history_line(entry: HistoryEntry, now: float) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry.at))
+    who = "" if entry.owner is None else f" by {entry.owner}"
+    token = "" if entry.token is None else f" token {entry.token}"
+    detail = "" if entry.detail is None else f": {entry.detail}"
+    return f"{when} UTC ({_age(entry.at, now)}) {entry.event}{token}{who}{detail}"
+
+
+def _operator(ctx: Context, store: Store, key: str, action: str, detail: str) -> None:
+    """Record an operator's action in the key's history: what, and who (user, host)."""
+    who = f"{getpass.getuser()}@{socket.gethostname()} via the CLI"
+    store.record_history(key, f"operator:{action}", detail=f"{who}: {detail}")
 
 
 def _show_value(name: str, value: Any, now: float) -> str:
@@ -151,6 +192,8 @@ def release(ctx: Context, key: str, reason: str) -> None:
     with ctx.store() as store:
         done = store.force_release(key, reason=reason)
         record = store.get(key)
+        if done:
+            _operator(ctx, store, key, "release", reason)
     if not done:
         _fail(ctx, f"lease {key!r} is not running ({record.state.value if record else 'none'})")
     _emit(ctx, {"released": key}, f"released {key}")
@@ -166,6 +209,8 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
     with ctx.store() as store:
         done = store.cancel(key, reason=reason)
         record = store.get(key)
+        if done:
+            _operator(ctx, store, key, "cancel", reason)
     if not done:
         _fail(ctx, f"lease {key!r} is {record.state.value if record else 'none'}: nothing to "
                    f"cancel")
@@ -185,6 +230,8 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
     """Bring a dead lease back (ready, fresh attempts) and re-publish its task."""
     with ctx.store() as store:
         record = store.requeue(key, reason="requeued by an operator")
+        if record is not None:
+            _operator(ctx, store, key, "requeue", "dead -> ready")
     if record is None:
         _fail(ctx, f"lease {key!r} is not dead")
     assert record is not None

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EffectState", "Lease", "LeaseRecord", "LeaseState", "Receipt", "StoreStats"]
+__all__ = ["EffectState", "HistoryEntry", "Lease", "LeaseRecord", "LeaseState", "Receipt",
+           "StoreStats"]
 
 
 class LeaseState(str, enum.Enum):
@@ -95,6 +96,25 @@ class LeaseRecord:
                    reason=row[11], task=task,
                    settling=bool(row[13]) if len(row) > 13 else False,
                    checkpoint=checkpoint, cancel=row[15] if len(row) > 15 else None)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One event in a key's history (``store.history(key)``).
+
+    ``event``: ``claimed``, ``taken_over``, ``lapsed`` (a holder lost its lease without ending
+    it), ``finished``, ``stale_refused``, ``released``, ``retry``, ``dead``, ``swept`` (the
+    sweeper re-published the task), ``cancel_requested``, ``answered``, or ``operator:<action>``
+    (``detail`` names who). ``at``: epoch seconds on the clock of the process that saw it.
+    """
+
+    key: str
+    at: float
+    event: str
+    owner: str | None = None
+    token: int | None = None
+    fence: int | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 from celery import shared_task
 
-from . import signals
+from . import history, signals
 from .delivery import republish
 from .errors import LeaseError
 from .models import LeaseRecord
@@ -58,6 +58,9 @@ def sweep(app: Any, store: Store, *, limit: int = 100,
                        "re-published", record.key, record.state.value,
                        ", settling" if record.settling else "", record.owner, record.token,
                        record.task_id)
+        history.note(store, record.key, "swept", owner=record.owner, token=record.token,
+                     fence=record.fence, detail=f"task {record.task_id} re-published "
+                     f"({record.state.value}{', settling' if record.settling else ''})")
         signals.lease_swept.send(sender=app, key=record.key, record=record)
     return swept
 
@@ -69,6 +72,7 @@ def prune(app: Any, store: Store, *, limit: int = PURGE_BATCH) -> int:
     if keep_for <= 0:
         return 0
     pruned = store.purge_older_than(keep_for, limit=limit)
+    store.prune_history(keep_for, limit=limit * 10)  # about ten events per key
     if pruned:
         logger.info("lease retention: %d rows older than %.0fs pruned", pruned, keep_for)
     return pruned

@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 
 from celery.exceptions import Ignore
 
-# metrics, timelimits and worker: imported for their signal wiring, done once per process.
-from . import metrics, signals, timelimits, worker  # noqa: F401
+# history, metrics, timelimits and worker: imported for their signal wiring, done once per
+# process.
+from . import history, metrics, signals, timelimits, worker  # noqa: F401
 from .answers import Answer, answer_key
 from .attempts import AttemptEnding
 from .background import finish_in_background

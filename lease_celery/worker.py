@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import signals as celery_signals
 
+from . import history
 from .errors import LeaseError
 from .heartbeat import Heartbeat
 from .settings import retention, sweep_grace
@@ -45,7 +46,8 @@ def release_held_leases(reason: str) -> int:
         # Finishes written behind their task's return first: a lease released before its
         # accepted finish lands would run the task again.
         heartbeat.flush_background(SHUTDOWN_RELEASE_TIMEOUT / 2)
-        heartbeat.flush_settles()  # outcomes Celery stored: confirm them before going
+        heartbeat.flush_settles()
+        history.flush()  # outcomes Celery stored: confirm them before going
         released.append(heartbeat.release_all(reason))
 
     worker = threading.Thread(target=give_back, name="lease-release", daemon=True)

@@ -11,6 +11,7 @@ import abc
 import importlib
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,15 @@ from ..errors import (
     ResultNotSerializable,
     StoreError,
 )
-from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
+from ..models import (
+    EffectState,
+    HistoryEntry,
+    Lease,
+    LeaseRecord,
+    LeaseState,
+    Receipt,
+    StoreStats,
+)
 
 if TYPE_CHECKING:
     from ..effects import Effects
@@ -184,6 +193,33 @@ class Store(abc.ABC):
         key ``dead``. A key nobody holds (no row, ``ready``, an expired lease) goes ``dead``
         at once, so no delivery runs its body. False for a ``done`` or ``dead`` key. ``reason``
         is stored as ``cancelled: <reason>``; ``requeue`` brings the key back."""
+
+    # -- history (lease_celery.history writes it, in batches, off the task's path) ----------
+
+    @abc.abstractmethod
+    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
+        """Append ``entries`` to their keys' histories (one write)."""
+
+    def record_history(self, key: str, event: str, *, owner: str | None = None,
+                       token: int | None = None, fence: int | None = None,
+                       detail: str | None = None) -> None:
+        """Append one event now (operator actions: ``detail`` says who and why)."""
+        self.record_history_many([HistoryEntry(
+            check_key(key), time.time(), event, owner, token, fence,
+            None if detail is None else detail[:2000])])
+
+    @abc.abstractmethod
+    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
+        """The last ``limit`` events of ``key``, oldest first."""
+
+    @abc.abstractmethod
+    def recent_history(self, *, events: Sequence[str] | None = None,
+                       limit: int = 100) -> list[HistoryEntry]:
+        """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
+
+    @abc.abstractmethod
+    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
+        """Delete up to ``limit`` history entries older than ``seconds``; how many went."""
 
     @abc.abstractmethod
     def force_release(self, key: str, *, reason: str) -> bool:

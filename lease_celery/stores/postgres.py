@@ -22,7 +22,15 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
-from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
+from ..models import (
+    EffectState,
+    HistoryEntry,
+    Lease,
+    LeaseRecord,
+    LeaseState,
+    Receipt,
+    StoreStats,
+)
 from .base import (
     DEFAULT_SWEEP_GRACE,
     PURGE_BATCH,
@@ -58,7 +66,7 @@ __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _T = TypeVar("_T")
 _INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
 
@@ -140,6 +148,7 @@ class PostgresStore(Store):
             conn.execute(self._q["create_effects"])
             conn.execute(self._q["create_fence"])
             conn.execute(self._q["create_meta"])
+            conn.execute(self._q["create_history"])
             row = conn.execute(self._q["get_schema_version"]).fetchone()
             version = None if row is None else int(row[0])
             if version is not None and version > SCHEMA_VERSION:
@@ -154,6 +163,8 @@ class PostgresStore(Store):
                 if version < 2:
                     conn.execute(self._q["migrate_fill_sweep_at"])
             conn.execute(self._q["create_sweep_index"])
+            conn.execute(self._q["create_history_key_index"])
+            conn.execute(self._q["create_history_at_index"])
             conn.execute(self._q["create_terminal_index"])
             conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
@@ -346,6 +357,34 @@ class PostgresStore(Store):
             purged = purge()
             total += purged
         return total
+
+    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
+        if not entries:
+            return
+        columns = {"keys": [e.key for e in entries], "ats": [e.at for e in entries],
+                   "events": [e.event for e in entries], "owners": [e.owner for e in entries],
+                   "tokens": [e.token for e in entries], "fences": [e.fence for e in entries],
+                   "details": [e.detail for e in entries]}
+        self._run(lambda conn: conn.execute(self._q["history_insert_many"], columns))
+
+    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
+        params = {"key": check_key(key), "limit": check_limit(limit)}
+        rows = self._run(lambda conn: conn.execute(self._q["history_of"], params).fetchall())
+        return [HistoryEntry(*row) for row in rows]
+
+    def recent_history(self, *, events: Sequence[str] | None = None,
+                       limit: int = 100) -> list[HistoryEntry]:
+        params = {"events": None if events is None else list(events),
+                  "limit": check_limit(limit)}
+        rows = self._run(lambda conn: conn.execute(
+            self._q["history_recent"], params).fetchall())
+        return [HistoryEntry(*row) for row in rows]
+
+    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
+        # Entries carry the clock of the process that saw them: so does the cutoff.
+        params = {"cutoff": time.time() - check_delay(seconds), "limit": check_limit(limit)}
+        return int(self._run(lambda conn: conn.execute(
+            self._q["history_prune"], params).rowcount))
 
     def sweep_unmark(self, key: str, token: int) -> bool:
         return self._returns_row("sweep_unmark", key=check_key(key), token=token)

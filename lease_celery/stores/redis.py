@@ -12,6 +12,7 @@ is the store for strict fencing across failover.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import uuid
@@ -21,7 +22,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
 from ..identity import owned_by
-from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
+from ..models import (
+    EffectState,
+    HistoryEntry,
+    Lease,
+    LeaseRecord,
+    LeaseState,
+    Receipt,
+    StoreStats,
+)
 from .base import (
     DEFAULT_SWEEP_GRACE,
     Clock,
@@ -42,6 +51,10 @@ from .base import (
     settle_deadline_offset,
 )
 from .queries import load_queries
+
+#: Events kept per key, and across keys (``recent_history``), on Redis.
+HISTORY_PER_KEY = 100
+HISTORY_RECENT = 1000
 
 try:
     import redis
@@ -299,6 +312,49 @@ class RedisStore(Store):
         head = f"{self.prefix}lease:"
         return [record for name in hashes
                 if (record := self.get(str(name)[len(head):])) is not None]
+
+    # -- history: a capped list per key (it goes with the key's hash) and one across keys ---
+
+    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
+        if not entries:
+            return
+        recent = f"{self.prefix}history"
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for entry in entries:
+                    text = json.dumps(dataclasses.asdict(entry), separators=(",", ":"))
+                    own = f"{self.prefix}history:{entry.key}"
+                    pipe.rpush(own, text)
+                    pipe.ltrim(own, -HISTORY_PER_KEY, -1)
+                    pipe.lpush(recent, text)
+                pipe.ltrim(recent, 0, HISTORY_RECENT - 1)
+                pipe.execute()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+
+    def _history_list(self, name: str, start: int, end: int) -> list[HistoryEntry]:
+        try:
+            items = self._client.lrange(name, start, end)
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+        return [HistoryEntry(**json.loads(item)) for item in items]
+
+    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
+        return self._history_list(f"{self.prefix}history:{check_key(key)}",
+                                  -check_limit(limit), -1)
+
+    def recent_history(self, *, events: Sequence[str] | None = None,
+                       limit: int = 100) -> list[HistoryEntry]:
+        limit = check_limit(limit)
+        entries = self._history_list(f"{self.prefix}history", 0, HISTORY_RECENT - 1)
+        wanted = None if events is None else set(events)
+        return [e for e in entries if wanted is None or e.event in wanted][:limit]
+
+    def prune_history(self, seconds: float, *, limit: int = 1000) -> int:
+        # Nothing to prune by age: each key's list is capped and deleted with its hash (by
+        # retention or purge), and the list across keys keeps the latest HISTORY_RECENT.
+        check_delay(seconds)
+        return 0
 
     def purge(self, key: str) -> bool:
         return bool(self._call("purge", [*self._keys(check_key(key)), self._running], []))

@@ -10,6 +10,7 @@ locking is not reliable there, and with it goes every guarantee this store makes
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import sqlite3
@@ -22,7 +23,15 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
-from ..models import EffectState, Lease, LeaseRecord, LeaseState, Receipt, StoreStats
+from ..models import (
+    EffectState,
+    HistoryEntry,
+    Lease,
+    LeaseRecord,
+    LeaseState,
+    Receipt,
+    StoreStats,
+)
 from .base import (
     DEFAULT_SWEEP_GRACE,
     PURGE_BATCH,
@@ -48,7 +57,7 @@ from .queries import load_queries
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
 _Q = load_queries("sqlite")
@@ -160,6 +169,9 @@ class SQLiteStore(Store):
             conn.execute(_Q["create_effects"])
             conn.execute(_Q["create_fence"])
             conn.execute(_Q["init_fence"])
+            conn.execute(_Q["create_history"])
+            conn.execute(_Q["create_history_key_index"])
+            conn.execute(_Q["create_history_at_index"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
             if row is not None and int(row[0]) > SCHEMA_VERSION:
@@ -384,6 +396,30 @@ class SQLiteStore(Store):
                 _Q["sweep_mark"], {**params, "key": k, "now": now}).fetchone()]
 
         return [record for key in self._write(body) if (record := self.get(key)) is not None]
+
+    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
+        rows = [dataclasses.asdict(entry) for entry in entries]
+        if rows:
+            self._write(lambda conn, now: conn.executemany(_Q["history_insert"], rows))
+
+    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
+        params = {"key": check_key(key), "limit": check_limit(limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["history_of"], params).fetchall())
+        return [HistoryEntry(*row) for row in rows]
+
+    def recent_history(self, *, events: Sequence[str] | None = None,
+                       limit: int = 100) -> list[HistoryEntry]:
+        params = {"events": None if events is None else json.dumps(list(events)),
+                  "limit": check_limit(limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["history_recent"], params).fetchall())
+        return [HistoryEntry(*row) for row in rows]
+
+    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
+        seconds = check_delay(seconds)
+        # Entries carry the clock of the process that saw them: so does the cutoff.
+        cutoff = time.time() - seconds
+        return self._write(lambda conn, now: int(conn.execute(_Q["history_prune"], {
+            "cutoff": cutoff, "limit": check_limit(limit)}).rowcount))
 
     def sweep_unmark(self, key: str, token: int) -> bool:
         params = {"key": check_key(key), "token": token}

@@ -70,6 +70,47 @@ WHERE sweep_at IS NOT NULL
 -- The store-wide fence: a sequence, drawn by every claim (gaps are harmless, order is not lost).
 CREATE SEQUENCE IF NOT EXISTS {schema}.lease_celery_fence
 
+-- name: create_history
+-- Schema 4: every event of every key (lease_celery.history), pruned by lease_retention.
+CREATE TABLE IF NOT EXISTS {schema}.lease_celery_history (
+    id      bigserial        PRIMARY KEY,
+    key     text             NOT NULL,
+    at      double precision NOT NULL,
+    event   text             NOT NULL,
+    owner   text,
+    token   bigint,
+    fence   bigint,
+    detail  text
+)
+
+-- name: create_history_key_index
+CREATE INDEX IF NOT EXISTS lease_celery_history_key ON {schema}.lease_celery_history (key, at)
+
+-- name: create_history_at_index
+CREATE INDEX IF NOT EXISTS lease_celery_history_at ON {schema}.lease_celery_history (at)
+
+-- name: history_insert_many
+INSERT INTO {schema}.lease_celery_history (key, at, event, owner, token, fence, detail)
+SELECT * FROM unnest(%(keys)s::text[], %(ats)s::double precision[], %(events)s::text[],
+                     %(owners)s::text[], %(tokens)s::bigint[], %(fences)s::bigint[],
+                     %(details)s::text[])
+
+-- name: history_of
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT * FROM {schema}.lease_celery_history WHERE key = %(key)s
+    ORDER BY at DESC, id DESC LIMIT %(limit)s) AS h
+ORDER BY at, id
+
+-- name: history_recent
+SELECT key, at, event, owner, token, fence, detail FROM {schema}.lease_celery_history
+WHERE %(events)s::text[] IS NULL OR event = ANY(%(events)s::text[])
+ORDER BY at DESC, id DESC LIMIT %(limit)s
+
+-- name: history_prune
+DELETE FROM {schema}.lease_celery_history
+WHERE id IN (SELECT id FROM {schema}.lease_celery_history
+             WHERE at < %(cutoff)s ORDER BY at LIMIT %(limit)s)
+
 -- name: create_effects
 -- Effect receipts (lease_celery.effects): one row per business key. Every change bumps
 -- version, and every change is conditional on the version the caller read.

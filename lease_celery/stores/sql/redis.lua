@@ -46,6 +46,12 @@ local function drop_task(hash)
     end
   end
 end
+-- The history list of a lease hash ("<prefix>lease:<key>" -> "<prefix>history:<key>"), from
+-- the running index's name ("<prefix>running"): it goes when the hash goes.
+local function history_key(index, hash)
+  local prefix = string.sub(index, 1, -8)
+  return prefix .. 'history:' .. string.sub(hash, #prefix + 7)
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -295,6 +301,7 @@ local state, updated_at, settling = unpack(redis.call(
 if (state == 'done' or state == 'dead') and settling ~= '1'
     and tonumber(updated_at) < t - tonumber(ARGV[2]) then
   redis.call('ZREM', terminal_index(KEYS[2]), KEYS[1])
+  redis.call('DEL', history_key(KEYS[2], KEYS[1]))
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -314,6 +321,7 @@ for _, hash in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. cutoff, 
     'HMGET', hash, 'state', 'updated_at', 'settling'))
   if (state == 'done' or state == 'dead') and settling ~= '1'
       and tonumber(updated_at) < cutoff then
+    redis.call('DEL', history_key(KEYS[1], hash))
     deleted = deleted + redis.call('DEL', hash)
   end
 end
@@ -329,6 +337,7 @@ if not state or (state == 'running' and tonumber(expires_at) > t) then
 end
 redis.call('ZREM', KEYS[3], KEYS[1])
 redis.call('ZREM', terminal_index(KEYS[3]), KEYS[1])
+redis.call('DEL', history_key(KEYS[3], KEYS[1]))
 return redis.call('DEL', KEYS[1])
 
 -- name: effect_insert

@@ -63,6 +63,44 @@ SET sweep_at = CASE WHEN state = 'running' THEN expires_at
                     ELSE COALESCE(not_before, updated_at) END
 WHERE state IN ('running', 'ready') AND task IS NOT NULL
 
+-- name: create_history
+-- Schema 4: every event of every key (lease_celery.history), pruned by lease_retention.
+CREATE TABLE IF NOT EXISTS lease_celery_history (
+    key     TEXT NOT NULL,
+    at      REAL NOT NULL,
+    event   TEXT NOT NULL,
+    owner   TEXT,
+    token   INTEGER,
+    fence   INTEGER,
+    detail  TEXT
+)
+
+-- name: create_history_key_index
+CREATE INDEX IF NOT EXISTS lease_celery_history_key ON lease_celery_history (key, at)
+
+-- name: create_history_at_index
+CREATE INDEX IF NOT EXISTS lease_celery_history_at ON lease_celery_history (at)
+
+-- name: history_insert
+INSERT INTO lease_celery_history (key, at, event, owner, token, fence, detail)
+VALUES (:key, :at, :event, :owner, :token, :fence, :detail)
+
+-- name: history_of
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT rowid AS n, * FROM lease_celery_history WHERE key = :key
+    ORDER BY at DESC, rowid DESC LIMIT :limit)
+ORDER BY at, n
+
+-- name: history_recent
+SELECT key, at, event, owner, token, fence, detail FROM lease_celery_history
+WHERE :events IS NULL OR event IN (SELECT value FROM json_each(:events))
+ORDER BY at DESC, rowid DESC LIMIT :limit
+
+-- name: history_prune
+DELETE FROM lease_celery_history
+WHERE rowid IN (SELECT rowid FROM lease_celery_history WHERE at < :cutoff ORDER BY at
+                LIMIT :limit)
+
 -- name: create_fence
 -- The store-wide fence: one counter, bumped in the same transaction as every claim.
 CREATE TABLE IF NOT EXISTS lease_celery_fence (

@@ -1,0 +1,109 @@
+"""Per-key history: the stores keep it (every store), lease_celery's signals write it in
+batches off the task's path, the sweeper and the CLI's operator actions add to it, and
+``celery leases history`` / ``show`` print it (keys and reasons are user data)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.app.trace import build_tracer
+from click.testing import CliRunner
+
+from lease_celery import LeasedTask, history, open_store
+from lease_celery.cli import leases
+from lease_celery.models import HistoryEntry
+from lease_celery.stores.base import Store
+from lease_celery.testing import ManualClock
+
+
+@pytest.fixture
+def store(stores: list[Store]) -> Store:
+    return stores[0]
+
+
+def test_a_store_keeps_each_keys_events_in_order_and_across_keys(
+        store: Store, clock: ManualClock) -> None:
+    t = time.time() - 100
+    store.record_history_many([
+        HistoryEntry("a", t, "claimed", "w1", 1, 7),
+        HistoryEntry("b", t + 1, "claimed", "w2", 1, 8),
+        HistoryEntry("a", t + 2, "taken_over", "w3", 2, 9, "lapsed"),
+        HistoryEntry("a", t + 3, "finished", "w3", 2, 9),
+    ])
+    store.record_history("a", "operator:release", detail="ann@host: <script>x</script>")
+    events = [(e.event, e.token) for e in store.history("a")]
+    assert events == [("claimed", 1), ("taken_over", 2), ("finished", 2),
+                      ("operator:release", None)]
+    assert [e.event for e in store.history("a", limit=2)] == ["finished", "operator:release"]
+    assert store.history("a")[-1].detail == "ann@host: <script>x</script>"
+    assert store.history("nothing") == []
+    recent = store.recent_history(events=["taken_over", "claimed"], limit=10)
+    assert [(e.key, e.event) for e in recent] == [("a", "taken_over"), ("b", "claimed"),
+                                                  ("a", "claimed")]
+    assert len(store.recent_history(limit=2)) == 2
+
+
+def test_history_older_than_the_retention_is_pruned(store: Store) -> None:
+    old = time.time() - 10 * 86400
+    store.record_history_many([HistoryEntry("k", old, "claimed"),
+                               HistoryEntry("k", time.time(), "finished")])
+    pruned = store.prune_history(7 * 86400)
+    if type(store).__name__ == "RedisStore":
+        assert pruned == 0  # capped per key and deleted with the key instead
+    else:
+        assert pruned == 1 and [e.event for e in store.history("k")] == ["finished"]
+
+
+def _trace(app: Celery, task: Any, task_id: str, *args: Any) -> Any:
+    tracer = build_tracer(task.name, task, app=app, eager=False, propagate=False)
+    message = {"id": task_id, "task": task.name, "args": list(args), "kwargs": {},
+               "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0,
+                                 "redelivered": False}, "hostname": "test"}
+    return tracer(task_id, args, {}, message)
+
+
+def test_a_runs_events_are_written_in_batches_and_printed_by_the_cli(sqlite_url: str) -> None:
+    """Through Celery's tracer: the claim and the finish of a run, a failed attempt's retry and
+    a dead key reach the history once flushed; ``history`` and ``show`` print them with the
+    operator's own actions."""
+    app = Celery("history-units", broker="memory://", backend="disabled://",
+                 set_as_current=False)
+    app.conf.update(lease_store_url=sqlite_url, task_ignore_result=True,
+                    lease_sweep_interval=0, lease_max_attempts=1)
+
+    @app.task(bind=True, base=LeasedTask, lease_key="hist:{n}", shared=False)
+    def job(self: LeasedTask, n: int) -> int:
+        if n < 0:
+            raise RuntimeError("boom <b>")
+        return n
+
+    app.finalize()
+    _trace(app, job, "t-1", 1)
+    _trace(app, job, "t-2", -1)
+    from lease_celery.heartbeat import Heartbeat
+
+    Heartbeat.for_process().flush_background(5.0)
+    history.flush()
+    with open_store(sqlite_url) as store:
+        ok = store.history("hist:1")
+        failed = store.history("hist:-1")
+    assert [(e.event, e.token) for e in ok] == [("claimed", 1), ("finished", 1)]
+    assert ok[0].owner is not None and ok[0].owner == ok[1].owner
+    assert [e.event for e in failed] == ["claimed", "dead"]
+    assert "boom <b>" in (failed[1].detail or "")
+
+    runner = CliRunner()
+    printed = runner.invoke(leases, ["--store", sqlite_url, "history", "hist:-1"])
+    assert printed.exit_code == 0, printed.output
+    assert "claimed token 1" in printed.output and "dead token 1" in printed.output
+    assert "boom <b>" in printed.output
+    requeued = runner.invoke(leases, ["--store", sqlite_url, "requeue", "hist:-1",
+                                      "--no-publish"])
+    assert requeued.exit_code == 0, requeued.output
+    shown = runner.invoke(leases, ["--store", sqlite_url, "show", "hist:-1"])
+    assert "operator:requeue" in shown.output and "via the CLI" in shown.output
+    missing = runner.invoke(leases, ["--store", sqlite_url, "history", "nope"])
+    assert missing.exit_code == 1 and "no history" in missing.output
