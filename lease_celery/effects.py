@@ -208,6 +208,11 @@ class Effects:
     def get(self, key: str) -> Receipt | None:
         return self.store.effect_get(key)
 
+    def find(self, state: EffectState | None = None, limit: int = 100) -> list[Receipt]:
+        """Receipts, most recently changed first: ``find(EffectState.NEEDS_RECONCILIATION)``
+        is the queue of actions a person must reconcile."""
+        return self.store.effect_find(state=state, limit=limit)
+
     def resolve(self, key: str, result: Any = None) -> Receipt:
         """Record that the action happened, with ``result``: replays will return it."""
         encoded = encode_result(result)

@@ -330,6 +330,11 @@ class Store(abc.ABC):
         """Return the receipt for ``key``, or ``None``."""
 
     @abc.abstractmethod
+    def effect_find(self, *, state: EffectState | None = None,
+                    limit: int = 100) -> list[Receipt]:
+        """Receipts (only those in ``state``, if given), most recently changed first."""
+
+    @abc.abstractmethod
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
         """Set ``state`` and ``result`` (JSON text or None) if the receipt is at ``version``.

@@ -437,6 +437,13 @@ class PostgresStore(Store):
         row = self._run(lambda conn: conn.execute(self._q["effect_get"], {"key": key}).fetchone())
         return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
 
+    def effect_find(self, *, state: EffectState | None = None,
+                    limit: int = 100) -> list[Receipt]:
+        params = {"state": None if state is None else EffectState(state).value,
+                  "limit": check_limit(limit)}
+        rows = self._run(lambda conn: conn.execute(self._q["effect_find"], params).fetchall())
+        return [Receipt.from_row(row, result=decode_result(row[8])) for row in rows]
+
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
         return self._returns_row("effect_update", key=key, version=version, state=state.value,

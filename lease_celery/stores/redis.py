@@ -416,6 +416,23 @@ class RedisStore(Store):
                        result=decode_result(f.get("result")), version=int(f["version"]),
                        updated_at=float(f["updated_at"]))
 
+    def effect_find(self, *, state: EffectState | None = None,
+                    limit: int = 100) -> list[Receipt]:
+        # SCAN-based, like find(): an operator's listing, not a hot path.
+        limit = check_limit(limit)
+        wanted = None if state is None else EffectState(state)
+        head = f"{self.prefix}effect:"
+        pattern = "".join(f"[{c}]" if c in "*?[]\\" else c for c in head) + "*"
+        try:
+            names = [str(name) for name in self._client.scan_iter(match=pattern, count=500)]
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
+        receipts = [receipt for name in names
+                    if (receipt := self.effect_get(name[len(head):])) is not None
+                    and (wanted is None or receipt.state is wanted)]
+        receipts.sort(key=lambda r: r.updated_at, reverse=True)
+        return receipts[:limit]
+
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
         return bool(self._call("effect_update", self._effect_key(key),

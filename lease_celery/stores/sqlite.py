@@ -469,6 +469,13 @@ class SQLiteStore(Store):
         row = self._read(lambda conn: conn.execute(_Q["effect_get"], {"key": key}).fetchone())
         return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
 
+    def effect_find(self, *, state: EffectState | None = None,
+                    limit: int = 100) -> list[Receipt]:
+        params = {"state": None if state is None else EffectState(state).value,
+                  "limit": check_limit(limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["effect_find"], params).fetchall())
+        return [Receipt.from_row(row, result=decode_result(row[8])) for row in rows]
+
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
         params = {"key": key, "version": version, "state": state.value, "result": result}

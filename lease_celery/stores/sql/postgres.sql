@@ -497,6 +497,13 @@ SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at,
        result, version, updated_at
 FROM {schema}.lease_celery_effects WHERE key = %(key)s
 
+-- name: effect_find
+-- Operators' listing (the reconciliation queue), newest first.
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM {schema}.lease_celery_effects WHERE %(state)s::text IS NULL OR state = %(state)s::text
+ORDER BY updated_at DESC LIMIT %(limit)s
+
 -- name: effect_update
 UPDATE {schema}.lease_celery_effects
 SET state = %(state)s, result = %(result)s, version = version + 1,

@@ -385,6 +385,13 @@ SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at,
        result, version, updated_at
 FROM lease_celery_effects WHERE key = :key
 
+-- name: effect_find
+-- Operators' listing (the reconciliation queue), newest first.
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM lease_celery_effects WHERE :state IS NULL OR state = :state
+ORDER BY updated_at DESC LIMIT :limit
+
 -- name: effect_update
 UPDATE lease_celery_effects
 SET state = :state, result = :result, version = version + 1, updated_at = :now
