@@ -71,7 +71,7 @@ def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
     conn.close()
     check_migrated(f"sqlite:///{path}")
     with sqlite3.connect(path) as again:
-        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("3",)
+        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("4",)
 
 
 @pytest.fixture
@@ -105,5 +105,5 @@ def test_postgres_schema_1_is_migrated(old_postgres: str) -> None:
         row = conn.execute(f'SELECT value FROM "{schema}".lease_celery_meta').fetchone()
         indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
                                (schema,)).fetchall()
-    assert row == ("3",)
+    assert row == ("4",)
     assert ("lease_celery_leases_sweep",) in indexes
