@@ -21,7 +21,7 @@ import click
 
 from .delivery import republish
 from .doctor import diagnose
-from .errors import LeaseError
+from .errors import ConfigError, LeaseError
 from .models import HistoryEntry, LeaseRecord, LeaseState
 from .settings import resolve_settings
 from .stores.base import Store, open_store
@@ -300,6 +300,27 @@ def doctor(ctx: Context) -> None:
     _emit(ctx, [f.as_dict() for f in findings], "\n".join(lines))
     if any(f.severity == "error" for f in findings):
         sys.exit(1)
+
+
+@leases.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; beyond loopback only with --token.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="Port to listen on (0: any free port, printed at start).")
+@click.option("--token", envvar="LEASE_WEB_TOKEN", metavar="T",
+              help="Operator token that actions need (or $LEASE_WEB_TOKEN, which keeps it out "
+                   "of ps); without it the dashboard is read-only.")
+@click.pass_obj
+def web(ctx: Context, host: str, port: int, token: str | None) -> None:
+    """Serve the web dashboard (counts, running, takeovers, dead keys, reconciliation, one
+    page per key) until Ctrl-C."""
+    from .web.serve import serve
+
+    try:
+        serve(ctx.store_url, host=host, port=port, token=token, app=ctx.app,
+              announce=lambda line: click.echo(line, err=line.startswith("WARNING")))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def _fail(ctx: Context, message: str) -> None:

@@ -25,6 +25,17 @@ logger = logging.getLogger(__name__)
 _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
 
+#: Headers a re-published delivery carries besides its own, given the headers of the delivery
+#: it re-publishes (as received, or as recorded on the lease row); must not raise. None adds
+#: nothing. ``lease_celery.otel`` sets it: the new run's span then links to that delivery's.
+republish_headers: Callable[[Mapping[str, Any] | None], Mapping[str, Any]] | None = None
+
+
+def _republished(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``headers`` option of a re-publish: none (unchanged) without a hook."""
+    hook = republish_headers
+    return {} if hook is None else {"headers": {**(headers or {}), **hook(headers)}}
+
 
 def shared_store(url: str) -> Store:
     """One store object per URL per process (the store itself reconnects after fork)."""
@@ -57,8 +68,9 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
     request = task.request
     try:
         # lease_unique=False: this delivery must arrive, even though its key has a holder.
-        task.signature_from_request(request, args, kwargs, countdown=countdown,
-                                    expires=None).apply_async(lease_unique=False)
+        task.signature_from_request(request, args, kwargs, countdown=countdown, expires=None,
+                                    **_republished(request.headers)
+                                    ).apply_async(lease_unique=False)
     except Exception as exc:
         logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
         raise Reject(exc, requeue=True) from exc
@@ -66,7 +78,9 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
 
 def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:
     """Publish the recorded delivery again (same task id, arguments, routing and links)."""
-    return app.signature(dict(info)).apply_async(lease_unique=False, **options)
+    recorded = (info.get("options") or {}).get("headers")
+    return app.signature(dict(info)).apply_async(
+        lease_unique=False, **{**_republished(recorded), **options})
 
 
 def body_signature(cls: type) -> Callable[..., Any] | None:

@@ -1,0 +1,390 @@
+"""The dashboard as a WSGI app: a tiny router, the security checks, and the three actions.
+
+Security, in the order a request meets it:
+
+- ``allowed_hosts`` (the CLI server sets the loopback names when it binds to loopback): any
+  other ``Host`` header is refused, so a DNS-rebinding page cannot read the dashboard.
+- Every response carries ``Content-Security-Policy: default-src 'self'`` (no script at all,
+  styles only from ``/static/``), ``X-Frame-Options: DENY``, ``Referrer-Policy: same-origin``
+  (keys are in URLs: other sites never see them), ``nosniff`` and ``Cache-Control:
+  no-store``. Every user string is escaped.
+- Without an operator token the app is read-only: no forms, and every action is refused (403).
+- With one, each action is a POST carrying the operator token (compared with
+  ``hmac.compare_digest``) and a CSRF token: an HMAC, under a secret made when the app starts,
+  of a random session id kept in an ``HttpOnly; SameSite=Strict`` cookie. A cross-site
+  ``Origin`` or ``Sec-Fetch-Site`` is refused too. A refusal changes nothing.
+- Each action is recorded in the key's history (``operator:resolve`` / ``operator:discard`` /
+  ``operator:requeue``, detail: ``web <client address>: …``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import http
+import json
+import logging
+import re
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+
+from ..delivery import republish
+from ..errors import ConfigError, LeaseError, LeaseHeld, StoreError
+from ..models import EffectState
+from ..stores.base import Store, encode_result
+from . import pages
+from .html import Safe, h, layout, link, url
+
+__all__ = ["WebApp"]
+
+logger = logging.getLogger(__name__)
+
+COOKIE = "lease_celery_session"
+MAX_BODY = 64 * 1024
+SECURITY_HEADERS = [
+    ("Content-Security-Policy", "default-src 'self'; script-src 'none'; object-src 'none'; "
+     "style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+     "frame-ancestors 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    # Not no-referrer: with it, browsers send "Origin: null" on the dashboard's own forms.
+    ("Referrer-Policy", "same-origin"),
+    ("Cache-Control", "no-store"),
+]
+_SESSION = re.compile(r"[0-9a-f]{32}")
+StartResponse = Callable[..., Any]
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did: the page to show, and the history entry that records it."""
+
+    title: str
+    message: str
+    key: str  # whose history records it (the receipt's lease key, if it has one)
+    event: str
+    detail: str
+    token: int | None
+
+
+class Refused(Exception):
+    """A request the app will not carry out: status, title and a message for the operator."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.title, self.message = status, title, message
+
+
+def redact(store_url: str) -> str:
+    """The store URL without password or query (which may carry credentials)."""
+    parts = urlsplit(store_url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def host_name(host: str) -> str:
+    """``Host`` header → host name: ``[::1]:8765`` → ``::1``, ``localhost:80`` → ``localhost``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class WebApp:
+    """The dashboard over one store: ``WebApp(store, token=...)`` or ``make_app(url, ...)``.
+
+    ``token``: the operator token that every action needs (None: read-only). ``app``: a Celery
+    app to re-publish a requeued key's task with (None: the row is made ready and a worker's
+    sweeper re-publishes it after ``lease_sweep_grace``). ``allowed_hosts``: the only host
+    names accepted in the ``Host`` header (None: any). ``refresh``: seconds between reloads of
+    the list pages.
+    """
+
+    def __init__(self, store: Store, *, token: str | None = None, app: Any = None,
+                 allowed_hosts: Sequence[str] | None = None, refresh: int = 5) -> None:
+        if token is not None and (not isinstance(token, str) or not token.strip()):
+            raise ConfigError("the operator token must be a non-empty string (or None for a "
+                              "read-only dashboard)")
+        self.store, self.celery_app, self.refresh = store, app, refresh
+        self._token = None if token is None else token.encode("utf-8")
+        self._secret = secrets.token_bytes(32)
+        self._hosts = None if allowed_hosts is None else {host_name(h) for h in allowed_hosts}
+        self._css = resources.files(__package__).joinpath("static/dashboard.css").read_bytes()
+
+    @property
+    def read_only(self) -> bool:
+        return self._token is None
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- WSGI ------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        base = quote(environ.get("SCRIPT_NAME", "").encode("latin-1", "replace").decode(
+            "utf-8", "replace").rstrip("/"), safe="/")
+        try:
+            response = self._handle(environ, base)
+        except Refused as exc:
+            response = self._page(environ, base, exc.title, Safe(
+                f'<p class="refused">{h(exc.message)}</p>'), status=exc.status)
+            if exc.status == 405:
+                response.headers.append(("Allow", "POST" if environ.get("PATH_INFO") in _ACTIONS
+                                         else "GET, HEAD"))
+        except StoreError as exc:
+            logger.warning("dashboard: the store could not answer: %s", exc)
+            response = self._page(environ, base, "The store did not answer", Safe(
+                f'<p class="refused">{h(exc)}</p>'), status=503)
+        except LeaseError as exc:  # InvalidKey and the like: the request asked for nonsense
+            status = 400 if isinstance(exc, ValueError) else 409
+            response = self._page(environ, base, "Refused", Safe(
+                f'<p class="refused">{h(exc)}</p>'), status=status)
+        except Exception:
+            logger.exception("dashboard: request failed")
+            response = self._page(environ, base, "Internal error", Safe(
+                "<p>The request failed; the server log has the details.</p>"), status=500)
+        phrase = http.HTTPStatus(response.status).phrase
+        own = {name.lower() for name, _ in response.headers}
+        headers = [("Content-Type", response.content_type),
+                   ("Content-Length", str(len(response.body))),
+                   *[(n, v) for n, v in SECURITY_HEADERS if n.lower() not in own],
+                   *response.headers]
+        start_response(f"{response.status} {phrase}", headers)
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else response.body]
+
+    def _handle(self, environ: dict[str, Any], base: str) -> Response:
+        if self._hosts is not None and host_name(environ.get("HTTP_HOST", "")) not in self._hosts:
+            raise Refused(400, "Unexpected host", "this dashboard answers only on "
+                          + ", ".join(sorted(self._hosts)))
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "") or "/"
+        query = _query(environ)
+        if path in _ACTIONS:
+            if method != "POST":
+                raise Refused(405, "POST only", "actions are POST requests from the "
+                              "dashboard's forms; nothing was changed")
+            return self._act(environ, base, path, query)
+        if method not in ("GET", "HEAD"):
+            raise Refused(405, "Method not allowed", f"{method} is not allowed here")
+        if path == "/favicon.ico":
+            return Response(204, b"", "text/plain")
+        if path == "/static/dashboard.css":
+            return Response(200, self._css, "text/css; charset=utf-8",
+                            [("Cache-Control", "max-age=300")])
+        session, new = self._session(environ)
+        view = pages.View(self.store, base, None if self.read_only else self._csrf(session))
+        page = self._route(view, path, query)
+        response = self._page(environ, base, page.title, page.body, status=page.status,
+                              refresh=page.refresh)
+        if new and not self.read_only:
+            secure = "; Secure" if environ.get("wsgi.url_scheme") == "https" else ""
+            response.headers.append(("Set-Cookie", f"{COOKIE}={session}; Path={base or '/'}; "
+                                                   f"HttpOnly; SameSite=Strict{secure}"))
+        return response
+
+    def _route(self, view: pages.View, path: str, query: dict[str, str]) -> pages.Page:
+        limit = _limit(query)
+        if path == "/":
+            return pages.overview(view)
+        lists = {"/running": pages.running, "/events": pages.events, "/dead": pages.dead,
+                 "/reconcile": pages.reconcile}
+        if path in lists:
+            return lists[path](view, limit=limit)
+        if path == "/key":
+            key = query.get("key")
+            return pages.lookup(view) if not key else pages.key_page(view, key)
+        if path == "/receipt":
+            if not query.get("key"):
+                raise Refused(400, "Which receipt?", "name it: /receipt?key=EFFECT_KEY")
+            return pages.receipt_page(view, query["key"])
+        raise Refused(404, "Not found", f"no page at {path}")
+
+    def _page(self, environ: dict[str, Any], base: str, title: str, body: Safe, *,
+              status: int = 200, refresh: bool = False) -> Response:
+        text = layout(title, body, base=base, path=environ.get("PATH_INFO", "") or "/",
+                      refresh=self.refresh if refresh else None, read_only=self.read_only,
+                      store=redact(self.store.url))
+        return Response(status, text.encode("utf-8"))
+
+    # -- sessions and CSRF -----------------------------------------------------------------
+
+    def _session(self, environ: dict[str, Any]) -> tuple[str, bool]:
+        """This browser's session id (from its cookie), or a new one: (id, is new)."""
+        for part in environ.get("HTTP_COOKIE", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and _SESSION.fullmatch(value):
+                return value, False
+        return secrets.token_hex(16), True
+
+    def _csrf(self, session: str) -> str:
+        return hmac.new(self._secret, f"csrf:{session}".encode(), hashlib.sha256).hexdigest()
+
+    def _authorize(self, environ: dict[str, Any], form: dict[str, str]) -> None:
+        """Refuse (403) unless the request is same-site, bound to this browser's session and
+        carries the operator token. Checked before anything is read or written."""
+        if self._token is None:
+            raise Refused(403, "Read-only", "this dashboard was started without an operator "
+                          "token, so it takes no actions (start it with --token); nothing was "
+                          "changed")
+        origin = environ.get("HTTP_ORIGIN")
+        if origin is not None and urlsplit(origin).netloc.lower() != environ.get(
+                "HTTP_HOST", "").lower():
+            raise Refused(403, "Cross-site request refused", f"a form from {origin} may not "
+                          "act on this dashboard; nothing was changed")
+        if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
+            raise Refused(403, "Cross-site request refused", "actions come only from the "
+                          "dashboard's own pages; nothing was changed")
+        session, new = self._session(environ)
+        if new or not hmac.compare_digest(form.get("csrf", ""), self._csrf(session)):
+            raise Refused(403, "Form expired", "the form's CSRF token is missing or does not "
+                          "match this browser's session (the dashboard may have restarted): "
+                          "reload the page and try again; nothing was changed")
+        if not hmac.compare_digest(form.get("token", "").encode("utf-8"), self._token):
+            raise Refused(403, "Wrong operator token", "the operator token is missing or "
+                          "wrong; nothing was changed")
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def _act(self, environ: dict[str, Any], base: str, path: str,
+             query: dict[str, str]) -> Response:
+        form = _read_form(environ)
+        self._authorize(environ, form)
+        key = query.get("key", "")
+        if not key:
+            raise Refused(400, "Which key?", "the action's URL names no key; nothing was changed")
+        who = f"web {environ.get('REMOTE_ADDR') or 'unknown'}"
+        done = _ACTIONS[path](self, key, form, who)
+        message = done.message
+        try:
+            self.store.record_history(done.key, done.event, token=done.token,
+                                      detail=done.detail)
+        except LeaseError as exc:
+            logger.error("dashboard: %s on %r done but not recorded in its history: %s",
+                         done.event, done.key, exc)
+            message += f" (It could not be recorded in the history: {exc}.)"
+        links = [link(url(base, "/key", key=done.key), "the key's page and history"),
+                 link(url(base, "/reconcile"), "the reconciliation queue"),
+                 link(url(base, "/"), "the overview")]
+        body = Safe(f'<p class="ok">{h(message)}</p><p>Back to: '
+                    + " · ".join(links) + "</p>")
+        return self._page(environ, base, done.title, body)
+
+    def _resolve(self, key: str, form: dict[str, str], who: str) -> Outcome:
+        receipt = self.store.effects.get(key)
+        if receipt is None:
+            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
+        if receipt.state is EffectState.DONE:
+            raise Refused(409, "Already done", f"receipt {key!r} is done already; its "
+                          "recorded result was kept")
+        result = _parse_result(form.get("result", ""))
+        self.store.effects.resolve(key, result)
+        encoded = encode_result(result)
+        return Outcome("Resolved", f"Receipt {key!r} is done with result {encoded}: replays "
+                       "return it. Requeue its lease to run the task again.",
+                       receipt.lease_key or key, "operator:resolve",
+                       f"{who}: effect {key!r} resolved (it happened), result {encoded}",
+                       receipt.lease_token)
+
+    def _discard(self, key: str, form: dict[str, str], who: str) -> Outcome:
+        receipt = self.store.effects.get(key)
+        if receipt is None:
+            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
+        try:
+            gone = self.store.effects.discard(key)
+        except LeaseHeld as exc:
+            raise Refused(409, "Still running", str(exc)) from exc
+        if not gone:
+            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
+        return Outcome("Discarded", f"Receipt {key!r} is gone: the next attempt performs "
+                       "the action.", receipt.lease_key or key, "operator:discard",
+                       f"{who}: effect {key!r} discarded (it did not happen)",
+                       receipt.lease_token)
+
+    def _requeue(self, key: str, form: dict[str, str], who: str) -> Outcome:
+        reason = form.get("reason", "").strip() or "requeued from the web dashboard"
+        record = self.store.requeue(key, reason=reason)
+        if record is None:
+            now = self.store.get(key)
+            raise Refused(409, "Not dead", f"lease {key!r} is "
+                          f"{now.state.value if now else 'missing'}, not dead: nothing was "
+                          "requeued")
+        if self.celery_app is not None and record.task:
+            try:
+                outcome = f"task {republish(self.celery_app, record.task, retries=0).id} " \
+                          "published"
+            except Exception as exc:  # the broker is down: the sweeper will publish it
+                outcome = f"not published ({exc!r}): a sweeper re-publishes it"
+        else:
+            outcome = "a worker's sweeper re-publishes its task after lease_sweep_grace"
+        return Outcome("Requeued", f"Lease {key!r} is ready again (token {record.token}); "
+                       f"{outcome}.", key, "operator:requeue", f"{who}: {reason}; {outcome}",
+                       record.token)
+
+
+_ACTIONS: dict[str, Callable[[WebApp, str, dict[str, str], str], Outcome]] = {
+    "/resolve": WebApp._resolve, "/discard": WebApp._discard, "/requeue": WebApp._requeue}
+
+
+def _query(environ: dict[str, Any]) -> dict[str, str]:
+    raw = environ.get("QUERY_STRING", "")
+    with contextlib.suppress(UnicodeError):  # PEP 3333: bytes as latin-1; a client that
+        raw = raw.encode("latin-1").decode("utf-8")  # did not percent-encode sent UTF-8
+    try:
+        parsed = parse_qs(raw, keep_blank_values=True, max_num_fields=10)
+    except ValueError as exc:
+        raise Refused(400, "Bad query", str(exc)) from exc
+    return {name: values[0] for name, values in parsed.items()}
+
+
+def _limit(query: dict[str, str]) -> int:
+    try:
+        return min(1000, max(1, int(query.get("limit", "100"))))
+    except ValueError:
+        return 100
+
+
+def _read_form(environ: dict[str, Any]) -> dict[str, str]:
+    kind = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise Refused(415, "Not a form", "actions take application/x-www-form-urlencoded "
+                      "forms; nothing was changed")
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise Refused(400, "Bad request", "bad Content-Length") from None
+    if length > MAX_BODY:
+        raise Refused(413, "Too large", f"forms are at most {MAX_BODY} bytes")
+    try:
+        text = environ["wsgi.input"].read(length).decode("utf-8")
+        parsed = parse_qs(text, keep_blank_values=True, max_num_fields=10)
+    except (UnicodeError, ValueError) as exc:
+        raise Refused(400, "Bad form", f"the form could not be read: {exc}") from exc
+    return {name: values[0] for name, values in parsed.items()}
+
+
+def _parse_result(text: str) -> Any:
+    """The operator's result: JSON if it parses (``{"id": 7}``, ``"sent"``, ``3``), else the
+    text itself as a string; empty means None."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+        encode_result(value)  # NaN and the like: keep the text
+        return value
+    except (ValueError, LeaseError):
+        return text
