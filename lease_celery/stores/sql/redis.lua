@@ -219,13 +219,7 @@ return 1
 -- name: checkpoint
 -- Fenced like finish: only the current holder's progress is written. KEYS: lease hash.
 -- ARGV: injected_now, owner, token, checkpoint JSON.
-local t = now(ARGV[1])
-local state, owner, token, expires_at = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
-if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
-        and tonumber(expires_at) > t) then
-  return 0
-end
+if not lease_current(KEYS[1], ARGV[2], ARGV[3], now(ARGV[1])) then return 0 end
 redis.call('HSET', KEYS[1], 'checkpoint', ARGV[4])
 return 1
 
