@@ -2,8 +2,9 @@
 
 ``celery beat`` sends every periodic task under a fresh task id, so two beats (or a failover
 that overlaps the old one) send each tick twice, and a LeasedTask keyed by its task id runs
-twice. :class:`LeasedScheduler` (``celery beat -S lease_celery.beat:LeasedScheduler``) and
-:class:`LeasedSchedulerMixin` (for django-celery-beat, redbeat, …) give every send an id
+twice. :class:`LeasedScheduler` (``celery beat -S lease_celery.beat:LeasedScheduler``),
+``LeasedRedBeatScheduler`` and ``LeasedDatabaseScheduler`` (redbeat's and django-celery-beat's,
+built on first use), and :class:`LeasedSchedulerMixin` (any other) give every send an id
 derived from the entry's name, its task and its **slot**: the scheduled instant the send is
 for, computed from the schedule and the clock alone, never from the beat's own
 ``last_run_at``. Every beat sends the same id for the same slot, and the lease keeps one run.
@@ -429,6 +430,9 @@ _THIRD_PARTY = {
 
 
 def __getattr__(name: str) -> Any:
+    """``LeasedRedBeatScheduler`` / ``LeasedDatabaseScheduler``: the mixin first, then redbeat's
+    ``RedBeatScheduler`` / django-celery-beat's ``DatabaseScheduler`` (which needs Django set
+    up, as that scheduler itself does); an ImportError naming the package when it is missing."""
     if name not in _THIRD_PARTY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, base, package = _THIRD_PARTY[name]

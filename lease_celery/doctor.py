@@ -64,6 +64,7 @@ def diagnose(app: Any) -> list[Finding]:
     shortest_ttl = min((s.ttl for s in settings_by_task.values()), default=None)
     findings += _delivery(app, tasks, longest, shortest_ttl)
     findings += _ownership(app, settings_by_task, longest)
+    findings += _worker_pool(app)
     order = {"error": 0, "warning": 1, "ok": 2}
     return sorted(findings, key=lambda f: order[f.severity])
 
@@ -175,6 +176,48 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
         found.append(Finding("ownership.ok", "ok", "ownership",
                              "lease settings and store are sound"))
     return found
+
+
+_GREEN = (
+    "tasks are greenlets of one process. lease_celery runs its heartbeat and sweeper on real "
+    "OS threads there, with store connections of their own, so a body that computes without "
+    "yielding (longer than the ttl) keeps its lease and its neighbours': the GIL switches to "
+    "the heartbeat. What such a body still stops is every other greenlet: other tasks, the "
+    "broker connection, and a claim whose reply is pending (a claim sent just before a busy "
+    "stretch longer than the ttl can expire before its body starts: its finish is refused and "
+    "the sweeper runs the task again). A C extension that holds the GIL longer than the ttl "
+    "stops the heartbeat too. Lease signals from the heartbeat are delivered on the hub")
+#: What holds for the leases on each of Celery's pools.
+_POOLS = {
+    "prefork": "each task runs in a pool process, whose own heartbeat thread renews its "
+               "leases: a body that blocks or computes holds its lease; a process that is "
+               "stopped (or dies) loses its leases after the ttl, and the sweeper re-publishes "
+               "them",
+    "threads": "one process runs the tasks on threads, and one heartbeat thread renews all its "
+               "leases in batches. The GIL switches between threads, so a CPU-bound body does "
+               "not stop renewals, but a C extension that holds the GIL longer than the ttl "
+               "does, and a stopped process loses every lease at once",
+    "solo": "the body runs in the worker's main thread and blocks its event loop while it "
+            "runs (no other message, no broker heartbeat, no remote control); the heartbeat "
+            "is a thread of its own, so the lease holds",
+    "gevent": _GREEN,
+    "eventlet": _GREEN + " (eventlet itself is deprecated upstream)",
+}
+
+
+def _worker_pool(app: Any) -> list[Finding]:
+    """A note on what holds for the leases on the configured ``worker_pool``."""
+    from celery.concurrency import ALIASES
+
+    configured = str(app.conf.worker_pool or "prefork")
+    path = ALIASES.get(configured, configured)
+    name = next((alias for alias, where in ALIASES.items()
+                 if where == path and alias in _POOLS), None)
+    what = (_POOLS[name] if name is not None else
+            "not a pool lease_celery knows: its heartbeat renews the leases of each process "
+            "from a thread, which must be able to run while the bodies do")
+    return [Finding("worker.pool", "ok", "ownership",
+                    f"worker_pool={configured} (a worker's -P overrides it): {what}")]
 
 
 def _periodic(app: Any) -> list[Finding]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from . import green
 from .errors import LeaseCancelled, LeaseLost
 from .models import Lease
 from .stores.base import Store, encode_checkpoint
@@ -32,7 +32,8 @@ class LeaseHandle:
         self.ttl = ttl
         self.heartbeat_interval = heartbeat_interval
         self.task = task
-        self._lock = threading.Lock()
+        # Taken by the heartbeat's threads too: a real lock, even under green pools.
+        self._lock = green.lock()
         self._lease = lease
         self.claimed_at = sent_at
         self._local_deadline = sent_at + ttl

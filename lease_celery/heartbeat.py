@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from . import signals
+from . import green, signals
 from .errors import LeaseError
 from .handle import LeaseHandle
 from .stores.base import Store
@@ -44,6 +44,8 @@ SENDERS = 4
 
 class Heartbeat:
     _instance: Heartbeat | None = None
+    # Only task code takes this one, never the heartbeat's own threads: under green pools it
+    # is a green lock, as it should be.
     _instance_lock = threading.Lock()
 
     @classmethod
@@ -66,19 +68,24 @@ class Heartbeat:
         self._to_settle: list[LeaseHandle] = []
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
-        self._wake = threading.Condition()
+        # Under green pools (-P gevent|eventlet) the threads below are real OS threads, so that
+        # a body that never yields cannot stop the renewals, and what they share with task code
+        # is real (lease_celery/green.py): this condition, held for a few statements that
+        # never yield, and the queue.
+        self._green = green.active() is not None
+        self._wake: threading.Condition | green.Condition = (
+            green.Condition() if self._green else threading.Condition())
         # Store calls wait here for a sender thread: the scheduling thread never blocks on a
         # store, so a slow reply (to a renewal or a settle) cannot hold the next renewal back.
-        self._outbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Callable[[], None]] = green.simple_queue()
         # Background writes (a finish behind the task's return), by handle: queued ones until a
         # sender takes them, and the handles whose write a sender is making now. A process that
         # is going sends the queued ones itself and waits for the others (flush_background).
         self._queued: dict[LeaseHandle, Callable[[], None]] = {}
         self._in_flight: set[LeaseHandle] = set()
-        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
-        self._thread.start()
+        self._thread = green.start_thread(self._run, name="lease-heartbeat")
         for n in range(SENDERS):
-            threading.Thread(target=self._send, name=f"lease-send-{n}", daemon=True).start()
+            green.start_thread(self._send, name=f"lease-send-{n}")
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -107,7 +114,18 @@ class Heartbeat:
         """Make ``write`` (the handle's last store call) on a sender thread, soon. The handle
         stays watched until ``write`` unwatches it: a write that waits behind slow store calls
         keeps its lease alive meanwhile. A renewal refused once the write is queued means
-        nothing (the write itself says whether the lease was still current)."""
+        nothing (the write itself says whether the lease was still current).
+
+        Under green pools the write is made here, in the task's greenlet, before it returns:
+        on a sender (a real OS thread) it would use the store the tasks share, which is not
+        safe across OS threads there (lease_celery/green.py). Other greenlets run meanwhile."""
+        if self._green:
+            handle.writing = True
+            try:
+                write()
+            except Exception:
+                logger.exception("lease background write failed")
+            return
         with self._wake:
             handle.writing = True
             self._queued[handle] = write
@@ -147,6 +165,26 @@ class Heartbeat:
         with self._wake:
             pending, self._to_settle = self._to_settle, []
         self._send_settles(pending)
+
+    def close_thread_stores(self, timeout: float) -> None:
+        """Under green pools, have each sender close its own copies of the stores (the
+        process is going; a copy is closed on the thread that opened it, see green.py). Each
+        sender then parks: the heartbeat sends nothing more."""
+        if not self._green:
+            return
+        left, guard, closed, park = [SENDERS], green.lock(), green.Event(), green.Event()
+
+        def close() -> None:
+            green.close_thread_stores()
+            with guard:
+                left[0] -= 1
+                if not left[0]:
+                    closed.set()
+            park.wait()  # so that each sender takes exactly one of these
+
+        for _ in range(SENDERS):
+            self._outbox.put(close)
+        closed.wait(timeout)
 
     def release_all(self, reason: str) -> int:
         """Give back every lease still watched (the process is going away); return how many."""
@@ -199,7 +237,8 @@ class Heartbeat:
             groups[handle.store].append(handle)
         for store, group in groups.items():
             try:
-                answers = store.settle_many([h.lease for h in group])
+                # This thread's own copy of the store under green pools (green.thread_store).
+                answers = green.thread_store(store).settle_many([h.lease for h in group])
             except LeaseError as exc:
                 now = time.monotonic()
                 retry = [h for h in group if now < h.local_deadline]
@@ -234,8 +273,9 @@ class Heartbeat:
                 delays = [max(0.0, sent_at - handle.next_renewal_at) for handle in handles]
                 for handle in handles:
                     handle.next_renewal_at = sent_at + handle.heartbeat_interval
-                self._outbox.put(functools.partial(self._renew_or_retry, store, ttl, handles,
-                                                   sent_at, delays))
+                # Under green pools, each sender renews through its own copy of the store.
+                self._outbox.put(functools.partial(self._renew_or_retry, green.per_thread(store),
+                                                   ttl, handles, sent_at, delays))
 
     def _send(self) -> None:
         while True:

@@ -27,8 +27,8 @@ from typing import Any
 
 from celery import shared_task
 
-from . import history, signals
-from .delivery import republish
+from . import green, history, signals
+from .delivery import republish, shared_store
 from .errors import LeaseError
 from .models import LeaseRecord
 from .settings import retention, sweep_grace
@@ -39,16 +39,18 @@ __all__ = ["SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app"]
 logger = logging.getLogger(__name__)
 
 
-def sweep(app: Any, store: Store, *, limit: int = 100,
-          grace: float | None = None) -> list[LeaseRecord]:
+def sweep(app: Any, store: Store, *, limit: int = 100, grace: float | None = None,
+          connection: Any = None) -> list[LeaseRecord]:
     """Re-publish the tasks of the rows in ``store`` that nobody will run otherwise; return
-    their records. ``grace`` defaults to the app's ``lease_sweep_grace``."""
+    their records. ``grace`` defaults to the app's ``lease_sweep_grace``; ``connection``, a
+    broker connection to publish on (default: the app's producer pool)."""
     swept = store.sweep_expired(limit=limit, grace=sweep_grace(app) if grace is None else grace)
+    options = {} if connection is None else {"connection": connection}
     for record in swept:
         if record.task is None:
             continue
         try:
-            republish(app, record.task)
+            republish(app, record.task, **options)
         except Exception:  # one bad row must not stop the others
             logger.exception("lease %s: could not re-publish its task; the next sweep tries "
                              "again", record.key)
@@ -58,11 +60,26 @@ def sweep(app: Any, store: Store, *, limit: int = 100,
                        "re-published", record.key, record.state.value,
                        ", settling" if record.settling else "", record.owner, record.token,
                        record.task_id)
-        history.note(store, record.key, "swept", owner=record.owner, token=record.token,
-                     fence=record.fence, detail=f"task {record.task_id} re-published "
-                     f"({record.state.value}{', settling' if record.settling else ''})")
+        _note_swept(store, record)
         signals.lease_swept.send(sender=app, key=record.key, record=record)
     return swept
+
+
+def _note_swept(store: Store, record: LeaseRecord) -> None:
+    """The re-publish in the key's history. On the sweeper's real OS thread (green pools) the
+    note is made on the hub, with the store the tasks share: history's queue and its writer
+    belong to the hub, not to this thread's own store (lease_celery/green.py)."""
+    detail = (f"task {record.task_id} re-published "
+              f"({record.state.value}{', settling' if record.settling else ''})")
+
+    def note(target: Store) -> None:
+        history.note(target, record.key, "swept", owner=record.owner, token=record.token,
+                     fence=record.fence, detail=detail)
+
+    if green.on_native_thread():
+        green.to_hub(lambda: note(shared_store(store.url)))
+    else:
+        note(store)
 
 
 def prune(app: Any, store: Store, *, limit: int = PURGE_BATCH) -> int:
@@ -108,27 +125,35 @@ sweep_task = shared_task(name="lease_celery.sweep", ignore_result=True)(_sweep_t
 
 
 class SweeperThread:
-    """Sweeps every ``interval`` seconds in the worker's main process until stopped."""
+    """Sweeps every ``interval`` seconds in the worker's main process until stopped.
+
+    Under green pools it is a real OS thread (lease_celery/green.py), so a task that never
+    yields does not stop it: it opens its own stores there, as everywhere, and publishes on a
+    broker connection of its own (the app's producer pool belongs to the hub)."""
 
     def __init__(self, app: Any, interval: float) -> None:
         self.app, self.interval = app, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-sweeper", daemon=True)
+        self._green = green.active() is not None
+        self._stop: threading.Event | green.Event = (
+            green.Event() if self._green else threading.Event())
+        self._thread: green.NativeThread | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = green.start_thread(self._run, name="lease-sweeper")
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         stores: dict[str, Store] = {}
+        connection = self.app.connection_for_write() if self._green else None
         while not self._stop.wait(self.interval):
             for url in leased_store_urls(self.app):
                 try:
                     store = stores.get(url) or stores.setdefault(url, open_store(url))
-                    sweep(self.app, store)
+                    sweep(self.app, store, connection=connection)
                     prune(self.app, store)
                 except LeaseError as exc:  # the store is down: try again next round
                     logger.warning("lease sweeper: %s", exc)
@@ -136,3 +161,5 @@ class SweeperThread:
                     logger.exception("lease sweeper failed")
         for store in stores.values():
             store.close()
+        if connection is not None:
+            connection.release()

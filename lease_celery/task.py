@@ -205,6 +205,9 @@ class LeasedTask(AttemptEnding):
         heartbeat.watch(handle)
         started = time.monotonic()
         try:
+            # A claim whose reply came back after its own deadline (a stalled process, a
+            # green pool's busy loop) holds nothing: never start the body on it.
+            handle.check()
             result = self.run(*args, **kwargs)
         except BaseException as exc:
             heartbeat.unwatch(handle)

@@ -105,8 +105,11 @@ def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     sweeper = _sweepers.pop(id(app), None) if app is not None else None
     if sweeper is not None:
         sweeper.stop()
-    # The solo and thread pools run tasks in this process.
+    # The solo, thread and green pools run tasks in this process.
     release_held_leases("worker shutdown")
+    heartbeat = Heartbeat.current()
+    if heartbeat is not None:  # green pools: its threads' own store connections, closed
+        heartbeat.close_thread_stores(SHUTDOWN_RELEASE_TIMEOUT / 2)
 
 
 def _sweep_interval(app: Any) -> float:

@@ -58,10 +58,11 @@ def by_code(findings: list[Finding]) -> dict[str, Finding]:
 def test_sound_app_has_only_ok_findings(sqlite_url: str) -> None:
     """Broker visibility above the time limit and the ttl, acks_late with reject on worker
     lost, prefetch 1, heartbeat ttl/3, an absolute SQLite path on a local disk: only the two
-    ``ok`` findings."""
+    ``ok`` findings (and the note on the worker pool)."""
     findings = diagnose(make_app(sqlite_url))
     assert {(f.code, f.severity) for f in findings} == {("delivery.ok", "ok"),
-                                                        ("ownership.ok", "ok")}
+                                                        ("ownership.ok", "ok"),
+                                                        ("worker.pool", "ok")}
 
 
 #: (settings changed from the sound app, finding code, severity, words in its message)
@@ -192,7 +193,7 @@ def test_doctor_command_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
                    program=celery)
     assert good.returncode == 0, good.stdout + good.stderr
     marks = [line.split()[0] for line in good.stdout.splitlines() if line.startswith("  ")]
-    assert marks == ["ok", "ok"]
+    assert marks == ["ok", "ok", "ok"]
 
     bad = run_cli(["-A", "tests.doctor_apps.bad", "leases", "doctor"], env=env, cwd=tmp_path,
                   program=celery)
@@ -206,7 +207,7 @@ def test_doctor_command_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
                      "broker.visibility_timeout.ttl": "warning", "task.acks_late": "warning",
                      "worker.prefetch_multiplier": "warning",
                      "worker.deduplicate_successful_tasks": "warning",
-                     "lease.heartbeat_interval": "warning"}
+                     "lease.heartbeat_interval": "warning", "worker.pool": "ok"}
 
     python_m = [*PYTHON_M[:3], "-A", "tests.doctor_apps.good"]
     assert run_cli(["doctor"], env=env, cwd=tmp_path, program=python_m).returncode == 0
