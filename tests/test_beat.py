@@ -537,7 +537,7 @@ def test_doctor_is_silent_about_a_sound_beat_schedule(sqlite_url: str) -> None:
     app = _doctor_app(sqlite_url, {
         "slotted": {"task": "report", "schedule": 300.0, "kwargs": {"report_id": SLOT}},
         "default": {"task": "by_id", "schedule": crontab()}})
-    assert {f.code for f in diagnose(app)} == {"delivery.ok", "ownership.ok"}
+    assert {f.code for f in diagnose(app)} == {"delivery.ok", "ownership.ok", "worker.pool"}
 
 
 def test_a_beat_logs_the_doctor_warning_once(caplog: pytest.LogCaptureFixture,
