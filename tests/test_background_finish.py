@@ -182,7 +182,7 @@ def _through(proxy: DelayingProxy, url: str) -> str:
 
 
 @pytest.mark.parametrize("worker_store", ["redis"], indirect=True)
-@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5")
+@pytest.mark.worker_env(LEASE_TEST_TTL="3", LEASE_TEST_HEARTBEAT="1")
 def test_a_warm_shutdown_right_after_a_fire_and_forget_task_keeps_its_finish(
         workers: WorkerPool) -> None:
     """The store answers 0.4 s late, and the worker is told to stop as soon as the body ran:
@@ -208,7 +208,7 @@ def test_a_warm_shutdown_right_after_a_fire_and_forget_task_keeps_its_finish(
         assert record is not None and record.state is LeaseState.DONE, record
         assert record.token == 1
         workers.start("b", concurrency=1)
-        time.sleep(2 * 2 + 1)  # past the ttl and a sweep: a key left running would run again
+        time.sleep(3 + 3)  # past the ttl and a sweep: a key left running would run again
         assert len(workers.journal.events("body_start", job_id=job)) == 1
     finally:
         workers.stop_all()

@@ -201,7 +201,7 @@ class PostgresStore(Store):
                 logger.warning("postgres lease store at %s: %s; reconnecting", self._where, exc)
                 pool.check()  # drop every other broken idle connection too
                 pause = min(self.reconnect_timeout - spent,
-                            random.uniform(0.01, min(1.0, 0.05 * 2 ** attempt)))
+                            random.uniform(0.01, min(1.0, 0.05 * 2 ** min(attempt, 5))))
                 time.sleep(pause)
                 waited += pause
             except psycopg.Error as exc:

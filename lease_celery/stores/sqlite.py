@@ -229,7 +229,10 @@ class SQLiteStore(Store):
                 # low (5 ms) because a writer sleeping long loses the lock to one that retries
                 # sooner, again and again (claims waited 100+ ms behind 3 ms sweeps).
                 attempt += 1
-                pause = min(remaining, random.uniform(0.00002, min(0.005, 0.0001 * 2 ** attempt)))
+                # (The exponent stops growing at the cap: a writer stalled for seconds makes
+                # thousands of attempts, and 2 ** 1024 does not fit a float.)
+                grown = 0.0001 * 2 ** min(attempt, 6)
+                pause = min(remaining, random.uniform(0.00002, min(0.005, grown)))
                 time.sleep(pause)
                 waited += pause
             except sqlite3.Error as exc:
