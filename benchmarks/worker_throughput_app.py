@@ -25,6 +25,7 @@ measurement costs every variant the same and almost nothing).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -65,6 +66,10 @@ def stats_key(batch: str) -> str:
 
 
 app = Celery("bench_throughput", broker=BROKER_URL)
+#: Extra lease_* settings for a run, as JSON (e.g. '{"lease_history": false}'): what a knob
+#: costs, measured by the same harness.
+LEASE_CONF = json.loads(ENV.get("BENCH_LEASE_CONF") or "{}")
+
 app.conf.update(
     task_acks_late=True,
     # The setting lease_celery asks for with acks_late; on for every variant alike.
@@ -86,6 +91,7 @@ app.conf.update(
     singleton_backend_url=BROKER_URL,
     singleton_key_prefix=f"{PREFIX}singleton:",
     singleton_lock_expiry=LOCK_EXPIRY,
+    **LEASE_CONF,
 )
 
 

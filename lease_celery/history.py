@@ -84,6 +84,10 @@ def _write(batch: list[tuple[Store, HistoryEntry]]) -> None:
 # -- what each signal means in a key's history ------------------------------------------------
 
 def _store_of(sender: Any) -> Store | None:
+    """The store of a LeasedTask sender that keeps history (``lease_history``, default on)."""
+    settings = getattr(sender, "lease_settings", None)
+    if settings is None or not settings.history:
+        return None
     store = getattr(sender, "lease_store", None)
     return store if isinstance(store, Store) else None
 

@@ -94,6 +94,7 @@ class LeasedTask(AttemptEnding):
     lease_store_url: ClassVar[str | None] = None
     lease_retry_time_limits: ClassVar[bool | None] = None
     lease_finish_in_background: ClassVar[bool | None] = None
+    lease_history: ClassVar[bool | None] = None
     lease_unique: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

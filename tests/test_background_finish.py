@@ -33,7 +33,7 @@ def _app(sqlite_url: str, **conf: Any) -> tuple[Celery, Any]:
     app = Celery(f"background-{uuid.uuid4().hex[:6]}", broker="memory://",
                  backend="disabled://", set_as_current=False)
     app.conf.update(lease_store_url=sqlite_url, task_ignore_result=True,
-                    lease_sweep_interval=0, **conf)
+                    lease_sweep_interval=0, **{"lease_finish_in_background": True, **conf})
 
     @app.task(bind=True, base=LeasedTask, lease_key="bg:{n}", shared=False)
     def quiet(self: LeasedTask, n: int, value: Any = None) -> Any:

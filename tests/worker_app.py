@@ -454,7 +454,8 @@ def hard_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
     return {"job_id": job_id, "token": token}
 
 
-@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", ignore_result=True)
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", ignore_result=True,
+          lease_finish_in_background=True)
 def quiet(self: LeasedTask, job_id: str) -> None:
     """Fire and forget: Celery stores nothing and sends nothing, so the finish is written
     behind the return (lease_celery.background)."""
