@@ -401,7 +401,7 @@ class SQLiteStore(Store):
         return [record for key in self._write(body) if (record := self.get(key)) is not None]
 
     def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
-        rows = [dataclasses.asdict(entry) for entry in entries]
+        rows = [(e.key, e.at, e.event, e.owner, e.token, e.fence, e.detail) for e in entries]
         if rows:
             self._write(lambda conn, now: conn.executemany(_Q["history_insert"], rows))
 

@@ -83,7 +83,7 @@ CREATE INDEX IF NOT EXISTS lease_celery_history_at ON lease_celery_history (at)
 
 -- name: history_insert
 INSERT INTO lease_celery_history (key, at, event, owner, token, fence, detail)
-VALUES (:key, :at, :event, :owner, :token, :fence, :detail)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 
 -- name: history_of
 SELECT key, at, event, owner, token, fence, detail FROM (
