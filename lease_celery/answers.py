@@ -25,7 +25,7 @@ from .handle import LeaseHandle
 from .models import LeaseRecord
 from .stores.base import MAX_KEY_LENGTH
 
-__all__ = ["ANSWER_MARK", "Answer", "answer_key", "is_answer_key"]
+__all__ = ["ANSWER_MARK", "Answer", "answer_key"]
 
 #: What separates the answered key from the duplicate's task id in an answer row's key.
 ANSWER_MARK = "#answer:"
@@ -39,10 +39,6 @@ def answer_key(key: str, task_id: str) -> str:
         return readable
     digest = hashlib.sha256(f"{key}\0{task_id}".encode()).hexdigest()
     return f"{key[:MAX_KEY_LENGTH - 200]}…{ANSWER_MARK}{digest}"
-
-
-def is_answer_key(key: str) -> bool:
-    return ANSWER_MARK in key
 
 
 class Answer(Exception):  # control flow only: never escapes the gate

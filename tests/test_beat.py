@@ -15,6 +15,7 @@ and a SQLite lease store, with a 1 s interval entry; then the same with Celery's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -590,29 +591,37 @@ class BeatRig:
                          for p in [self.worker, *self.beats])
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BeatRig]:
-    client = redis.Redis.from_url(BEAT_BROKER, socket_connect_timeout=2)
+_Rig = TypeVar("_Rig", bound=BeatRig)
+
+
+@contextlib.contextmanager
+def running_rig(tmp_path_factory: pytest.TempPathFactory, broker: str, label: str,
+                rig_class: type[_Rig], *, also_delete: str = "") -> Iterator[_Rig]:
+    """A real worker running tests/beat_app.py on a queue, journal and SQLite store of this
+    run's own (``label`` names them), in a rig of ``rig_class`` that starts beats; on the way
+    out, the beats and the worker stop and every Redis key of the run is deleted (and those
+    matching ``also_delete``, formatted with ``run``)."""
+    client = redis.Redis.from_url(broker, socket_connect_timeout=2)
     try:
         client.ping()
     except redis.RedisError as exc:
-        require("Redis", False, f"{BEAT_BROKER}: {exc}")
-    tmp = tmp_path_factory.mktemp("beat")
+        require("Redis", False, f"{broker}: {exc}")
+    tmp = tmp_path_factory.mktemp(label)
     run = uuid.uuid4().hex[:8]
-    env = {"LEASE_TEST_BEAT_BROKER": BEAT_BROKER, "LEASE_TEST_BEAT_QUEUE": f"lease-beat-{run}",
-           "LEASE_TEST_BEAT_JOURNAL": f"lease-beat-journal-{run}",
+    env = {"LEASE_TEST_BEAT_BROKER": broker, "LEASE_TEST_BEAT_QUEUE": f"lease-{label}-{run}",
+           "LEASE_TEST_BEAT_JOURNAL": f"lease-{label}-journal-{run}",
            "LEASE_TEST_BEAT_STORE": f"sqlite:///{tmp}/leases.sqlite3"}
     journal = Journal(client, env["LEASE_TEST_BEAT_JOURNAL"])
     log = tmp / "worker.log"
     cmd = [sys.executable, "-m", "celery", "-A", "tests.beat_app", "worker", "-P", "prefork",
-           "-c", "2", "-n", f"beat-{run}@%h", "--without-gossip", "--without-mingle",
+           "-c", "2", "-n", f"{label}-{run}@%h", "--without-gossip", "--without-mingle",
            "--without-heartbeat", "-l", "info", "-Q", env["LEASE_TEST_BEAT_QUEUE"]]
     with log.open("wb") as out:
         process = subprocess.Popen(
             cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **env,
                  "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
-    rig = BeatRig(tmp, env, journal, Worker("worker", process, log))
+    rig = rig_class(tmp, env, journal, Worker("worker", process, log))
     try:
         journal.wait_for(lambda j: bool(j.events("worker_ready")) or process.poll() is not None,
                          timeout=30, what="the worker to be ready")
@@ -624,7 +633,15 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BeatRig]:
         rig.worker.stop()
         queue = env["LEASE_TEST_BEAT_QUEUE"]
         keys = [env["LEASE_TEST_BEAT_JOURNAL"], *client.scan_iter(f"*{queue}*")]
+        if also_delete:
+            keys += client.scan_iter(also_delete.format(run=run))
         client.delete(*keys)
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BeatRig]:
+    with running_rig(tmp_path_factory, BEAT_BROKER, "beat", BeatRig) as started:
+        yield started
 
 
 def _by_beat(sends: list[dict[str, Any]]) -> dict[int, list[str]]:

@@ -44,16 +44,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from celery.schedules import schedule
 
 from lease_celery import LeasedTask
 from lease_celery.beat import SLOT, AlignedInterval, NotSlotted, slot_of, slot_task_id
 from tests.proxy import CuttableProxy
-from tests.servers import REDIS_HOST, REDIS_PORT, require
-from tests.test_beat import PERIOD, BeatRig, _by_beat, _judged
-from tests.workers import REPO, Journal, Worker
+from tests.servers import REDIS_HOST, REDIS_PORT
+from tests.test_beat import PERIOD, BeatRig, _by_beat, _judged, running_rig
+from tests.workers import REPO, Worker
 
 
 def _third_party(module: str) -> Any:
@@ -99,40 +98,9 @@ class IntegrationRig(BeatRig):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IntegrationRig]:
-    client = redis.Redis.from_url(BROKER, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        require("Redis", False, f"{BROKER}: {exc}")
-    tmp = tmp_path_factory.mktemp("beat-integrations")
-    run = uuid.uuid4().hex[:8]
-    env = {"LEASE_TEST_BEAT_BROKER": BROKER, "LEASE_TEST_BEAT_QUEUE": f"lease-beatx-{run}",
-           "LEASE_TEST_BEAT_JOURNAL": f"lease-beatx-journal-{run}",
-           "LEASE_TEST_BEAT_STORE": f"sqlite:///{tmp}/leases.sqlite3"}
-    journal = Journal(client, env["LEASE_TEST_BEAT_JOURNAL"])
-    log = tmp / "worker.log"
-    cmd = [sys.executable, "-m", "celery", "-A", "tests.beat_app", "worker", "-P", "prefork",
-           "-c", "2", "-n", f"beatx-{run}@%h", "--without-gossip", "--without-mingle",
-           "--without-heartbeat", "-l", "info", "-Q", env["LEASE_TEST_BEAT_QUEUE"]]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **env,
-                 "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
-    rig = IntegrationRig(tmp, env, journal, Worker("worker", process, log))
-    try:
-        journal.wait_for(lambda j: bool(j.events("worker_ready")) or process.poll() is not None,
-                         timeout=30, what="the worker to be ready")
-        assert process.poll() is None, f"the worker exited:\n{rig.worker.output()}"
-        yield rig
-    finally:
-        for beat in rig.beats:
-            beat.stop()
-        rig.worker.stop()
-        queue = env["LEASE_TEST_BEAT_QUEUE"]
-        keys = [env["LEASE_TEST_BEAT_JOURNAL"], *client.scan_iter(f"*{queue}*"),
-                *client.scan_iter(f"lease-redbeat-{run}*")]
-        client.delete(*keys)
+    with running_rig(tmp_path_factory, BROKER, "beatx", IntegrationRig,
+                     also_delete="lease-redbeat-{run}*") as started:
+        yield started
 
 
 def _run_beats(rig: IntegrationRig, scheduler: str, entry: str, extra_env: dict[str, str],
