@@ -66,8 +66,8 @@ def stats_key(batch: str) -> str:
 
 
 app = Celery("bench_throughput", broker=BROKER_URL)
-#: Extra lease_* settings for a run, as JSON (e.g. '{"lease_history": false}'): what a knob
-#: costs, measured by the same harness.
+#: Extra lease_* settings for a run, as JSON (e.g. '{"lease_finish_in_background": true}'):
+#: what a knob costs, measured by the same harness.
 LEASE_CONF = json.loads(ENV.get("BENCH_LEASE_CONF") or "{}")
 
 app.conf.update(

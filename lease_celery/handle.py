@@ -44,6 +44,9 @@ class LeaseHandle:
         # The key is done (or dead) under this lease, and Celery has yet to store the outcome:
         # the heartbeat keeps the settle deadline alive until the owner confirms (settle.py).
         self.settling = False
+        # Celery stored the outcome and the owner's confirmation is on its way: the heartbeat
+        # still renews the settle deadline until the store answers it (heartbeat.settle).
+        self.confirming = False
         # The finish is queued on the heartbeat's sender threads (``background``): the task
         # returned, and that write, not a renewal, says whether the lease was still current.
         self.writing = False

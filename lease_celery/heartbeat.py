@@ -102,10 +102,16 @@ class Heartbeat:
             self._handles.discard(handle)
 
     def settle(self, handle: LeaseHandle) -> None:
-        """Celery stored this execution's outcome: stop renewing, and confirm it soon."""
+        """Celery stored this execution's outcome: confirm it soon, and keep renewing the
+        settle deadline until the store answers the confirmation. A confirmation that waits
+        (a slow reply, a busy sender, an unreachable store) must not let the deadline pass
+        under a living owner: a redelivery would complete the key, and Celery store the
+        outcome a second time."""
         with self._wake:
-            handle.closed = True
-            self._handles.discard(handle)
+            handle.confirming = True
+            if handle not in self._handles:
+                handle.closed = False
+                self._handles.add(handle)
             self._to_settle.append(handle)
             if len(self._to_settle) == 1:  # later ones join the batch the thread will send
                 self._wake.notify()
@@ -189,8 +195,9 @@ class Heartbeat:
     def release_all(self, reason: str) -> int:
         """Give back every lease still watched (the process is going away); return how many."""
         with self._wake:
-            # A handle with a background write pending is finishing, not abandoned.
-            handles = [h for h in self._handles if not h.writing]
+            # A handle with a background write pending is finishing, not abandoned; one whose
+            # confirmation is pending is done (flush_settles sends it).
+            handles = [h for h in self._handles if not (h.writing or h.confirming)]
         released = 0
         for handle in handles:
             self.unwatch(handle)
@@ -230,8 +237,10 @@ class Heartbeat:
                 self._sleeping_until = -math.inf
 
     def _send_settles(self, handles: list[LeaseHandle]) -> None:
-        """Confirm settled outcomes, one round trip per store; a store that fails is retried
-        shortly while the settle deadline lasts (past it, a redelivery completes the key)."""
+        """Confirm settled outcomes, one round trip per store. A store that fails is asked
+        again shortly, until it answers: the confirmation is idempotent, and it is worth
+        sending even past the settle deadline (until a redelivery takes the settlement over,
+        the owner's confirmation is what keeps the outcome from being stored twice)."""
         groups: dict[Store, list[LeaseHandle]] = defaultdict(list)
         for handle in handles:
             groups[handle.store].append(handle)
@@ -240,16 +249,16 @@ class Heartbeat:
                 # This thread's own copy of the store under green pools (green.thread_store).
                 answers = green.thread_store(store).settle_many([h.lease for h in group])
             except LeaseError as exc:
-                now = time.monotonic()
-                retry = [h for h in group if now < h.local_deadline]
                 logger.warning("lease settle confirmation failed (%s); %d retried", exc,
-                               len(retry))
+                               len(group))
                 with self._wake:
-                    self._to_settle += retry
-                    self._settle_after = now + RETRY_AFTER_ERROR
+                    self._to_settle += group
+                    self._settle_after = time.monotonic() + RETRY_AFTER_ERROR
                     self._wake.notify()  # the scheduler recomputes when to wake
                 continue
             for handle, settled in zip(group, answers, strict=True):
+                handle.confirming = False
+                self.unwatch(handle)
                 if settled:
                     signals.lease_settled.send(sender=handle.task, key=handle.key,
                                                lease=handle.lease)
@@ -300,7 +309,10 @@ class Heartbeat:
             renewed = store.renew_many([h.lease for h in handles], ttl=ttl)
         except LeaseError as exc:
             for handle in handles:
-                if time.monotonic() >= handle.local_deadline:
+                if handle.confirming:
+                    # Done: the confirmation (retried until it lands) decides, not a deadline.
+                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                elif time.monotonic() >= handle.local_deadline:
                     self._lose(handle, f"store unreachable until the lease deadline ({exc})")
                 else:
                     logger.warning("lease %s token %s: renewal failed, retrying: %s",
@@ -310,7 +322,11 @@ class Heartbeat:
         for handle, lease, delay in zip(handles, renewed, delays, strict=True):
             if handle.closed or handle.writing:
                 continue  # finished or released meanwhile: a refusal now means nothing
-            if lease is None:
+            if lease is None and handle.confirming:
+                # Settled by the confirmation whose reply is still on its way, or taken over
+                # past the deadline: nothing left to renew; the confirmation's answer says which.
+                self.unwatch(handle)
+            elif lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:
                 handle.renewed(lease, sent_at=sent_at)

@@ -1,12 +1,14 @@
 """The history of every key: each generation's claim, takeover, lapse, outcome, and what the
 sweeper and operators did (``store.history(key)``, ``celery leases history KEY``).
 
-Written off the task's path: lease_celery's signals (the same ones the metrics count) queue an
-entry, and one thread per process writes the queue in batches, one store write per store per
-batch (every ``FLUSH_INTERVAL``), so a task pays a list append per event, not a round trip. A
-worker that goes warm flushes what is queued; one killed outright may lose the entries of its
-last fraction of a second (the lease row itself, the record that decides, is never behind).
-Entries are pruned with ``lease_retention`` (on Redis: capped per key and deleted with the key).
+The store writes a key's transitions itself, in the statement that makes them (a trigger on
+the SQL stores, the script on Redis): claimed, taken_over, finished, released, retry, dead and
+completed cost the task no call, and a crash cannot lose them. What is no transition of the
+row is written from here: a lease lapsing under its owner, a stale finish refused, a duplicate
+answered, a sweeper's re-publish. Those events queue an entry, and one thread per process
+writes the queue in batches (every ``FLUSH_INTERVAL``); a worker that goes warm flushes what
+is queued, one killed outright may lose the entries of its last fraction of a second. Entries
+are pruned with ``lease_retention`` (on Redis: capped per key and deleted with the key).
 """
 
 from __future__ import annotations
@@ -84,10 +86,7 @@ def _write(batch: list[tuple[Store, HistoryEntry]]) -> None:
 # -- what each signal means in a key's history ------------------------------------------------
 
 def _store_of(sender: Any) -> Store | None:
-    """The store of a LeasedTask sender that keeps history (``lease_history``, default on)."""
-    settings = getattr(sender, "lease_settings", None)
-    if settings is None or not settings.history:
-        return None
+    """The store of a LeasedTask sender."""
     store = getattr(sender, "lease_store", None)
     return store if isinstance(store, Store) else None
 
@@ -110,29 +109,17 @@ def _reason(fields: dict[str, Any]) -> str | None:
     return None if reason is None else str(reason)
 
 
-def _retry(fields: dict[str, Any]) -> str:
-    return f"{fields.get('reason')}; again in {float(fields.get('countdown') or 0):.2f}s"
-
-
 def _answered(fields: dict[str, Any]) -> str:
     record: LeaseRecord | None = fields.get("record")
     return f"answered a delivery under another task id with the outcome of task " \
            f"{getattr(record, 'task_id', None)} ({fields.get('state')})"
 
 
+#: The events that are no transition of the row (the store records those itself).
 _RECEIVERS = {
-    "lease_acquired": _receiver("claimed"),
-    "lease_taken_over": _receiver("taken_over", lambda f: "the previous holder's lease lapsed"),
     "lease_lost": _receiver("lapsed", _reason),
-    "lease_finished": _receiver("finished"),
     "stale_result_rejected": _receiver("stale_refused", _reason),
-    "lease_released": _receiver("released"),
-    "lease_retry": _receiver("retry", _retry),
-    "lease_dead": _receiver("dead", _reason),
     "duplicate_answered": _receiver("answered", _answered),
-    "settle_completed": _receiver(
-        "completed", lambda f: f"a delivery completed the {f.get('state')} key its owner "
-                               "left unsettled"),
 }
 for _name, _receive in _RECEIVERS.items():
     getattr(signals, _name).connect(_receive, weak=False)

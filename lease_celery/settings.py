@@ -20,6 +20,10 @@ __all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettin
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
 DEFAULT_TTL = 30.0
+#: ``lease_finish_in_background = "auto"``: bodies that ran at least this long (seconds) finish
+#: behind their return. A body that short is CPU work or a fast call: the hand-off to a thread
+#: costs it more than the store round trip.
+BACKGROUND_AFTER = 0.002
 
 
 #: Defaults of the failure policy settings (``lease_<name>``).
@@ -37,12 +41,19 @@ class LeaseSettings:
     #: dead (one FAILURE, as Celery reports it).
     retry_time_limits: bool = False
     #: Write the finish of a task whose outcome Celery neither stores nor sends on behind the
-    #: task's return, on the heartbeat's sender threads (see ``lease_celery.background``).
-    #: Off by default: it pays on bodies that wait (10 ms: 0.88 -> 0.95 of plain on
-    #: PostgreSQL) and costs on CPU-bound no-op bodies (the hand-off to the thread).
-    finish_in_background: bool = False
-    #: Keep the key's history (``lease_celery.history``): off saves its writes.
-    history: bool = True
+    #: task's return, on the heartbeat's sender threads (see ``lease_celery.background``):
+    #: True, False, or "auto" (the default): behind the return when the body ran at least
+    #: ``BACKGROUND_AFTER`` seconds. It pays on bodies that wait (the round trip overlaps the
+    #: next task) and costs CPU-bound no-op bodies (the hand-off to the thread costs more
+    #: than the round trip it hides).
+    finish_in_background: bool | str = "auto"
+
+    def finishes_in_background(self, body_seconds: float) -> bool:
+        """Whether a finish nothing waits for goes behind the return, after a body that ran
+        ``body_seconds``."""
+        if self.finish_in_background == "auto":
+            return body_seconds >= BACKGROUND_AFTER
+        return self.finish_in_background is True
 
 
 def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
@@ -89,17 +100,14 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
         raise ConfigError(f"lease_retry_time_limits ({retry_source}) must be True or False, "
                           f"got {retry_value!r}")
     background_value, background_source = _lookup(app, task, "lease_finish_in_background")
-    if background_value is not None and not isinstance(background_value, bool):
-        raise ConfigError(f"lease_finish_in_background ({background_source}) must be True or "
-                          f"False, got {background_value!r}")
-    history_value, history_source = _lookup(app, task, "lease_history")
-    if history_value is not None and not isinstance(history_value, bool):
-        raise ConfigError(f"lease_history ({history_source}) must be True or False, "
-                          f"got {history_value!r}")
+    if background_value is not None and not (isinstance(background_value, bool)
+                                             or background_value == "auto"):
+        raise ConfigError(f"lease_finish_in_background ({background_source}) must be True, "
+                          f"False or 'auto', got {background_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
                          policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),
-                         finish_in_background=background_value is True,
-                         history=history_value is not False)
+                         finish_in_background=(
+                             "auto" if background_value is None else background_value))
 
 
 #: Default of ``lease_retention``: settled done/dead rows older than this are pruned.

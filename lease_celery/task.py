@@ -93,8 +93,7 @@ class LeasedTask(AttemptEnding):
     lease_heartbeat_interval: ClassVar[float | None] = None
     lease_store_url: ClassVar[str | None] = None
     lease_retry_time_limits: ClassVar[bool | None] = None
-    lease_finish_in_background: ClassVar[bool | None] = None
-    lease_history: ClassVar[bool | None] = None
+    lease_finish_in_background: ClassVar[bool | str | None] = None
     lease_unique: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -347,7 +346,7 @@ class LeasedTask(AttemptEnding):
             raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}")
         settle_within = self._settle_within(settings)
         request = self.request
-        if (settle_within is None and settings.finish_in_background
+        if (settle_within is None and settings.finishes_in_background(handle.body_duration)
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:

@@ -36,7 +36,8 @@ def _app(sqlite_url: str, **conf: Any) -> tuple[Celery, Any]:
                     lease_sweep_interval=0, **{"lease_finish_in_background": True, **conf})
 
     @app.task(bind=True, base=LeasedTask, lease_key="bg:{n}", shared=False)
-    def quiet(self: LeasedTask, n: int, value: Any = None) -> Any:
+    def quiet(self: LeasedTask, n: int, value: Any = None, sleep: float = 0.0) -> Any:
+        time.sleep(sleep)
         return value
 
     app.finalize()
@@ -96,6 +97,39 @@ def test_the_finish_of_a_fire_and_forget_task_is_written_on_a_sender_thread(
     app, inline = _app(sqlite_url, lease_finish_in_background=False)
     _trace(app, inline, "t-inline", 2)
     assert finished[1] == ("bg:2", "t-inline", threading.current_thread().name)
+
+
+def test_by_default_only_a_body_that_ran_a_while_finishes_in_the_background(
+        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
+    """``lease_finish_in_background`` unset ("auto"): a no-op body's finish is written in the
+    task (the hand-off would cost it more than the round trip), one after a 5 ms body on a
+    sender thread (the round trip overlaps the next task). A value other than True, False or
+    "auto" is refused, naming the setting."""
+    app = Celery(f"background-{uuid.uuid4().hex[:6]}", broker="memory://",
+                 backend="disabled://", set_as_current=False)
+    app.conf.update(lease_store_url=sqlite_url, task_ignore_result=True,
+                    lease_sweep_interval=0)
+
+    @app.task(bind=True, base=LeasedTask, lease_key="auto:{n}", shared=False)
+    def job(self: LeasedTask, n: int, sleep: float) -> int:
+        time.sleep(sleep)
+        return n
+
+    app.finalize()
+    _trace(app, job, "t-quick", 1, 0.0)
+    assert finished == [("auto:1", "t-quick", threading.current_thread().name)]
+    _trace(app, job, "t-slow", 2, 0.005)
+    assert _wait_done(sqlite_url, "auto:2").state is LeaseState.DONE
+    deadline = time.monotonic() + 5
+    while len(finished) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert finished[1][:2] == ("auto:2", "t-slow") and finished[1][2].startswith("lease-send-")
+
+    app.conf.lease_finish_in_background = "sometimes"
+    from lease_celery.errors import ConfigError
+    from lease_celery.settings import resolve_settings
+    with pytest.raises(ConfigError, match=r"lease_finish_in_background .*'sometimes'"):
+        resolve_settings(app, job)
 
 
 def test_a_result_the_store_cannot_hold_fails_the_task_before_anything_is_queued(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from lease_celery import LeaseLost, open_store, signals
+from lease_celery.errors import StoreError
 from lease_celery.handle import LeaseHandle
 from lease_celery.heartbeat import Heartbeat
 from lease_celery.stores.base import Store
@@ -214,3 +215,82 @@ def test_a_slow_settle_confirmation_does_not_hold_renewals_back(sqlite_url: str)
             assert store.get("hb:settling").settling is False  # type: ignore[union-attr]
         finally:
             heartbeat.unwatch(held)
+
+
+class UnreachableUntil(CountingStore):
+    """Every renewal and settle confirmation fails until ``until`` (monotonic), as when the
+    store's connections are cut, then the store answers again."""
+
+    def __init__(self, store: Store, until: float) -> None:
+        super().__init__(store)
+        self.until, self.settle_attempts = until, 0
+
+    def _reachable(self) -> None:
+        if time.monotonic() < self.until:
+            raise StoreError("the lease store is unreachable (test)")
+
+    def renew_many(self, leases: Any, *, ttl: float) -> Any:
+        self._reachable()
+        return super().renew_many(leases, ttl=ttl)
+
+    def settle_many(self, leases: Any) -> Any:
+        self.settle_attempts += 1
+        self._reachable()
+        return self.store.settle_many(leases)
+
+
+def _settling(store: Store, proxy: Any, key: str, *, ttl: float) -> LeaseHandle:
+    """A watched lease whose finish was accepted with the task's settle deadline (one ttl)."""
+    sent_at = time.monotonic()
+    lease = store.claim(key, owner="heartbeat-test", ttl=ttl)
+    assert lease is not None
+    handle = LeaseHandle(lease, store=proxy, ttl=ttl, heartbeat_interval=ttl / 4,
+                         sent_at=sent_at)
+    Heartbeat.for_process().watch(handle)
+    assert store.finish(lease, 1, settle_within=ttl)
+    handle.settling = True
+    return handle
+
+
+def test_a_settle_confirmation_failing_past_the_deadline_is_retried_until_it_lands(
+        sqlite_url: str) -> None:
+    """The store is out of reach for 2 × ttl right after Celery stored the outcome (the
+    confirmation fails, and the handle's local deadline passes meanwhile): the confirmation is
+    retried until the store answers, and the owner settles the key. Dropped once the local
+    deadline had passed, the row stayed settling, its deadline passed, and a redelivery
+    completed the key: Celery stored the outcome a second time while the owner was alive
+    (the chaos run's double_result_write on Redis)."""
+    ttl = 1.0
+    with open_store(sqlite_url) as store:
+        unreachable = UnreachableUntil(store, until=time.monotonic() + 2 * ttl)
+        handle = _settling(store, unreachable, "hb:settle-retried", ttl=ttl)
+        Heartbeat.for_process().settle(handle)
+        give_up = unreachable.until + 3.0
+        while store.get("hb:settle-retried").settling and time.monotonic() < give_up:  # type: ignore[union-attr]
+            time.sleep(0.05)
+        row = store.get("hb:settle-retried")
+        assert row is not None and not row.settling, (
+            f"still settling after {unreachable.settle_attempts} confirmation attempts")
+        assert row.owner == "heartbeat-test"
+        assert store.claim_settlement("hb:settle-retried", owner="redelivery", ttl=ttl) is None
+
+
+def test_the_settle_deadline_is_renewed_while_the_confirmation_waits_for_its_reply(
+        sqlite_url: str) -> None:
+    """A confirmation that takes 2 × ttl to reach the store (slow replies, a busy sender):
+    meanwhile the heartbeat keeps the settle deadline alive, so a redelivery cannot take the
+    settlement over from the living owner (and store the outcome again). Before, the renewals
+    stopped when the confirmation was queued and the deadline passed one ttl later."""
+    ttl = 1.0
+    with open_store(sqlite_url) as store:
+        slow = SlowSettles(store, delay=2 * ttl)
+        handle = _settling(store, slow, "hb:settle-slow", ttl=ttl)
+        Heartbeat.for_process().settle(handle)
+        taken = None
+        give_up = time.monotonic() + 2 * ttl + 3.0
+        while store.get("hb:settle-slow").settling and time.monotonic() < give_up:  # type: ignore[union-attr]
+            taken = taken or store.claim_settlement("hb:settle-slow", owner="redelivery", ttl=ttl)
+            time.sleep(0.05)
+        assert taken is None, "a redelivery took the settlement over from the living owner"
+        row = store.get("hb:settle-slow")
+        assert row is not None and not row.settling and row.owner == "heartbeat-test"

@@ -1,6 +1,7 @@
-"""Per-key history: the stores keep it (every store), lease_celery's signals write it in
-batches off the task's path, the sweeper and the CLI's operator actions add to it, and
-``celery leases history`` / ``show`` print it (keys and reasons are user data)."""
+"""Per-key history: the stores keep it (every store) and write each transition themselves,
+lease_celery's signals add what is no transition (in batches off the task's path), the
+sweeper and the CLI's operator actions add theirs, and ``celery leases history`` / ``show``
+print it (keys and reasons are user data)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,51 @@ def test_a_store_keeps_each_keys_events_in_order_and_across_keys(
     assert len(store.recent_history(limit=2)) == 2
 
 
+def test_the_store_records_each_transition_in_the_statement_that_makes_it(
+        store: Store, clock: ManualClock) -> None:
+    """Every store writes a key's transitions itself (no writer thread, nothing flushed):
+    claimed, taken_over naming the lapsed holder, retry with its backoff, released, dead with
+    its reason, finished, and completed when another delivery takes over an unsettled finish.
+    Renewals, checkpoints and settle confirmations write nothing."""
+    first = store.claim("tr", owner="w1", ttl=10)
+    assert first is not None
+    assert store.renew(first, ttl=10) is not None
+    assert store.checkpoint(first, '{"step": 1}')
+    clock.advance(11)
+    second = store.claim("tr", owner="w2", ttl=10)
+    assert second is not None
+    assert store.release(second, delay=5, reason="busy <b>")
+    clock.advance(6)
+    third = store.claim("tr", owner="w3", ttl=10)
+    assert third is not None and store.release(third, reason="shutting down")
+    fourth = store.claim("tr", owner="w4", ttl=10)
+    assert fourth is not None and store.kill(fourth, reason="boom <script>")
+    assert store.requeue("tr", reason="operator") is not None
+    fifth = store.claim("tr", owner="w5", ttl=10)
+    assert fifth is not None and store.finish(fifth, 1, settle_within=5)
+    clock.advance(6)
+    completer = store.claim_settlement("tr", owner="w6", ttl=10)
+    assert completer is not None and store.settle(completer)
+    entries = store.history("tr")
+    assert [(e.event, e.owner, e.token) for e in entries] == [
+        ("claimed", "w1", 1), ("taken_over", "w2", 2), ("retry", "w2", 2),
+        ("claimed", "w3", 3), ("released", "w3", 3), ("claimed", "w4", 4),
+        ("dead", "w4", 4), ("claimed", "w5", 5), ("finished", "w5", 5),
+        ("completed", "w6", 5)]
+    details = {e.event: e.detail for e in entries}
+    assert details["taken_over"] == "the lease of w1 (token 1) had lapsed"
+    assert details["retry"] == "busy <b>; claimable again in 5.00s"
+    assert details["released"] == "shutting down"
+    assert details["dead"] == "boom <script>"
+    assert details["claimed"] is None and details["finished"] is None
+    assert "w5" in (details["completed"] or "")
+    assert [e.at for e in entries] == sorted(e.at for e in entries)
+    assert entries[0].fence == first.fence and entries[1].fence == second.fence
+    assert entries[-2].fence == fifth.fence
+    taken = store.recent_history(events=["taken_over"], limit=5)
+    assert [(e.key, e.token) for e in taken] == [("tr", 2)]
+
+
 def test_history_older_than_the_retention_is_pruned(store: Store) -> None:
     old = time.time() - 10 * 86400
     store.record_history_many([HistoryEntry("k", old, "claimed"),
@@ -65,9 +111,9 @@ def _trace(app: Celery, task: Any, task_id: str, *args: Any) -> Any:
     return tracer(task_id, args, {}, message)
 
 
-def test_a_runs_events_are_written_in_batches_and_printed_by_the_cli(sqlite_url: str) -> None:
-    """Through Celery's tracer: the claim and the finish of a run, a failed attempt's retry and
-    a dead key reach the history once flushed; ``history`` and ``show`` print them with the
+def test_a_runs_events_reach_the_history_and_are_printed_by_the_cli(sqlite_url: str) -> None:
+    """Through Celery's tracer: the claim and the finish of a run and a dead key's reason are
+    in the history (the store wrote them); ``history`` and ``show`` print them with the
     operator's own actions."""
     app = Celery("history-units", broker="memory://", backend="disabled://",
                  set_as_current=False)

@@ -58,6 +58,9 @@ def check_migrated(url: str) -> None:
         assert lease is not None and lease.token == 3
         assert store.finish(lease, "ok", settle_within=5)
         assert store.get("running").settling is True  # type: ignore[union-attr]
+        # Schema 5: the migrated store writes the transitions into the history itself.
+        assert [(e.event, e.token, e.detail) for e in store.history("running")] == [
+            ("taken_over", 3, "the lease of w (token 2) had lapsed"), ("finished", 3, None)]
 
 
 def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
@@ -71,7 +74,7 @@ def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
     conn.close()
     check_migrated(f"sqlite:///{path}")
     with sqlite3.connect(path) as again:
-        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("4",)
+        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("5",)
 
 
 @pytest.fixture
@@ -105,5 +108,5 @@ def test_postgres_schema_1_is_migrated(old_postgres: str) -> None:
         row = conn.execute(f'SELECT value FROM "{schema}".lease_celery_meta').fetchone()
         indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
                                (schema,)).fetchall()
-    assert row == ("4",)
+    assert row == ("5",)
     assert ("lease_celery_leases_sweep",) in indexes

@@ -48,12 +48,10 @@ def _receipt(store: Store, lease_key: str, effect_key: str) -> None:
     """Leave ``effect_key`` needs_reconciliation under a lease of ``lease_key``, then kill it."""
     lease = store.claim(lease_key, owner="host:1:run/1", ttl=600)
     assert lease is not None
-    store.record_history(lease_key, "claimed", owner=lease.owner, token=lease.token)
     with pytest.raises(EffectOutcomeUnknown):
         store.effects.once(effect_key, {"amount": 42}, _unknown, lease=lease)
     reason = DEAD_REASON if lease_key == DEAD_KEY else "outcome unknown"
     assert store.kill(lease, reason=reason)
-    store.record_history(lease_key, "dead", owner=lease.owner, token=lease.token, detail=reason)
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _T = TypeVar("_T")
 _INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
 
@@ -166,6 +166,9 @@ class PostgresStore(Store):
             conn.execute(self._q["create_history_key_index"])
             conn.execute(self._q["create_history_at_index"])
             conn.execute(self._q["create_terminal_index"])
+            conn.execute(self._q["create_history_function"])
+            conn.execute(self._q["create_history_on_claim"])
+            conn.execute(self._q["create_history_on_transition"])
             conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def close(self) -> None:

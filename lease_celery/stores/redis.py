@@ -69,7 +69,8 @@ __all__ = ["RedisStore"]
 logger = logging.getLogger(__name__)
 
 _SCRIPTS = load_queries("redis", ".lua")
-_PRELUDE = _SCRIPTS["clock"]
+_PRELUDE = (_SCRIPTS["clock"].replace("__HISTORY_PER_KEY__", str(HISTORY_PER_KEY))
+            .replace("__HISTORY_RECENT__", str(HISTORY_RECENT)))
 
 
 class RedisStore(Store):

@@ -57,7 +57,7 @@ from .queries import load_queries
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
 _Q = load_queries("sqlite")
@@ -172,6 +172,8 @@ class SQLiteStore(Store):
             conn.execute(_Q["create_history"])
             conn.execute(_Q["create_history_key_index"])
             conn.execute(_Q["create_history_at_index"])
+            conn.execute(_Q["create_history_on_claim"])
+            conn.execute(_Q["create_history_on_transition"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
             if row is not None and int(row[0]) > SCHEMA_VERSION:

@@ -89,6 +89,67 @@ CREATE INDEX IF NOT EXISTS lease_celery_history_key ON {schema}.lease_celery_his
 -- name: create_history_at_index
 CREATE INDEX IF NOT EXISTS lease_celery_history_at ON {schema}.lease_celery_history (at)
 
+-- name: create_history_function
+-- Schema 5: the store writes each key's transitions into its history itself, in the statement
+-- that makes them (a trigger: same transaction, no round trip, nothing a crash can lose).
+-- Events that are no transition of the row (a local lapse, a refused stale finish, an answer,
+-- a sweeper's re-publish, an operator's action) are written by lease_celery.history.
+-- A new token is a claim (a takeover if the row was running: its lease had lapsed); running ->
+-- done a finish; -> dead with its reason; running -> ready a release, or a retry when a backoff
+-- follows; a settling row changing owner a completion (task.py, _complete).
+CREATE OR REPLACE FUNCTION {schema}.lease_celery_record_transition() RETURNS trigger
+LANGUAGE plpgsql AS $body$
+DECLARE
+    happened text;
+    detail text;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        happened := 'claimed';
+    ELSIF NEW.token <> OLD.token AND OLD.state = 'running' THEN
+        happened := 'taken_over';
+        detail := 'the lease of ' || COALESCE(OLD.owner, '?') || ' (token ' || OLD.token
+                  || ') had lapsed';
+    ELSIF NEW.token <> OLD.token THEN
+        happened := 'claimed';
+    ELSIF NEW.state = 'done' AND OLD.state = 'running' THEN
+        happened := 'finished';
+    ELSIF NEW.state = 'dead' AND OLD.state <> 'dead' THEN
+        happened := 'dead';
+        detail := NEW.reason;
+    ELSIF NEW.state = 'ready' AND OLD.state = 'running' AND NEW.not_before > NEW.updated_at THEN
+        happened := 'retry';
+        detail := COALESCE(NEW.reason, 'released') || '; claimable again in '
+                  || round((NEW.not_before - NEW.updated_at)::numeric, 2) || 's';
+    ELSIF NEW.state = 'ready' AND OLD.state = 'running' THEN
+        happened := 'released';
+        detail := NEW.reason;
+    ELSIF NEW.settling AND OLD.settling AND NEW.owner IS DISTINCT FROM OLD.owner THEN
+        happened := 'completed';
+        detail := 'its owner ' || COALESCE(OLD.owner, '?') || ' left the ' || NEW.state
+                  || ' key unsettled: completed by this delivery';
+    ELSE
+        RETURN NULL;
+    END IF;
+    INSERT INTO {schema}.lease_celery_history (key, at, event, owner, token, fence, detail)
+    VALUES (NEW.key, NEW.updated_at, happened, NEW.owner, NEW.token, NEW.fence, detail);
+    RETURN NULL;
+END
+$body$
+
+-- name: create_history_on_claim
+CREATE OR REPLACE TRIGGER lease_celery_history_new_key
+AFTER INSERT ON {schema}.lease_celery_leases FOR EACH ROW WHEN (NEW.state = 'running')
+EXECUTE FUNCTION {schema}.lease_celery_record_transition()
+
+-- name: create_history_on_transition
+-- Renewals, settle confirmations and checkpoints match no condition here: the function is
+-- not even called for them.
+CREATE OR REPLACE TRIGGER lease_celery_history_transition
+AFTER UPDATE ON {schema}.lease_celery_leases FOR EACH ROW
+WHEN (NEW.token <> OLD.token OR NEW.state <> OLD.state
+      OR (NEW.settling AND OLD.settling AND NEW.owner IS DISTINCT FROM OLD.owner))
+EXECUTE FUNCTION {schema}.lease_celery_record_transition()
+
 -- name: history_insert_many
 INSERT INTO {schema}.lease_celery_history (key, at, event, owner, token, fence, detail)
 SELECT * FROM unnest(%(keys)s::text[], %(ats)s::double precision[], %(events)s::text[],

@@ -52,6 +52,27 @@ local function history_key(index, hash)
   local prefix = string.sub(index, 1, -8)
   return prefix .. 'history:' .. string.sub(hash, #prefix + 7)
 end
+-- The store writes each key's transitions into its history in the script that makes them:
+-- atomic with the transition, no round trip of its own. (Events that are no transition of the
+-- row come from lease_celery.history, through history_append.) The entry is the JSON that
+-- RedisStore reads back; times keep their microseconds (cjson would round them to 14 digits).
+local function json_text(s)
+  if s == nil or s == false then return 'null' end
+  return cjson.encode(tostring(s))
+end
+local function record(index, hash, t, event, owner, token, fence, detail)
+  local prefix = string.sub(index, 1, -8)
+  local entry = '{"key":' .. json_text(string.sub(hash, #prefix + 7)) .. ',"at":' .. fmt(t)
+    .. ',"event":' .. json_text(event) .. ',"owner":' .. json_text(owner)
+    .. ',"token":' .. (tonumber(token) and tostring(token) or 'null')
+    .. ',"fence":' .. (tonumber(fence) and tostring(fence) or 'null')
+    .. ',"detail":' .. json_text(detail) .. '}'
+  local own = history_key(index, hash)
+  redis.call('RPUSH', own, entry)
+  redis.call('LTRIM', own, -__HISTORY_PER_KEY__, -1)
+  redis.call('LPUSH', prefix .. 'history', entry)
+  redis.call('LTRIM', prefix .. 'history', 0, __HISTORY_RECENT__ - 1)
+end
 local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
@@ -64,8 +85,8 @@ end
 -- owner, ttl
 -- ARGV[4]: task JSON ('' for none); ARGV[5]: this claim call's nonce.
 local t = now(ARGV[1])
-local state, expires_at, not_before = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'expires_at', 'not_before'))
+local state, expires_at, not_before, previous_owner, previous_token = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'expires_at', 'not_before', 'owner', 'token'))
 local takeover = state == 'running' and tonumber(expires_at) <= t
 local ready = state == 'ready' and (not not_before or tonumber(not_before) <= t)
 if state and not ready and not takeover then
@@ -84,6 +105,12 @@ else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 redis.call('HDEL', KEYS[1], 'task_id')
 watch(KEYS[4], KEYS[1], tonumber(deadline))
 redis.call('ZREM', terminal_index(KEYS[4]), KEYS[1])
+if takeover then
+  record(KEYS[4], KEYS[1], t, 'taken_over', ARGV[2], token, fence, 'the lease of '
+         .. (previous_owner or '?') .. ' (token ' .. (previous_token or '?') .. ') had lapsed')
+else
+  record(KEYS[4], KEYS[1], t, 'claimed', ARGV[2], token, fence, nil)
+end
 return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers),
         redis.call('HGET', KEYS[1], 'cancel') or ''}
 
@@ -115,11 +142,22 @@ return out
 -- ARGV: injected_now, owner, token, new_state, result_json, reason, delay ('' for none),
 -- settle_within ('' for settled at once: done/dead only).
 local t = now(ARGV[1])
-local state, owner, token, expires_at = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at'))
+local state, owner, token, expires_at, fence = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'owner', 'token', 'expires_at', 'fence'))
 if not (state == 'running' and owner == ARGV[2] and token == ARGV[3]
         and tonumber(expires_at) > t) then
   return 0
+end
+local delay = tonumber(ARGV[7] ~= '' and ARGV[7] or '0')
+if ARGV[4] == 'done' then
+  record(KEYS[2], KEYS[1], t, 'finished', owner, token, fence, nil)
+elseif ARGV[4] == 'dead' then
+  record(KEYS[2], KEYS[1], t, 'dead', owner, token, fence, ARGV[6])
+elseif delay > 0 then
+  record(KEYS[2], KEYS[1], t, 'retry', owner, token, fence, (ARGV[6] ~= '' and ARGV[6]
+         or 'released') .. '; claimable again in ' .. string.format('%.2f', delay) .. 's')
+else
+  record(KEYS[2], KEYS[1], t, 'released', owner, token, fence, ARGV[6] ~= '' and ARGV[6] or nil)
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
 redis.call('HDEL', KEYS[1], 'swept_by')
@@ -182,7 +220,8 @@ return out
 -- deadline is gone: this delivery completes it (same token; the owner becomes the completer).
 -- KEYS: lease hash, running index. ARGV: injected_now, owner, ttl, nonce.
 local t = now(ARGV[1])
-local settling, expires_at = unpack(redis.call('HMGET', KEYS[1], 'settling', 'expires_at'))
+local settling, expires_at, previous_owner, state = unpack(redis.call(
+  'HMGET', KEYS[1], 'settling', 'expires_at', 'owner', 'state'))
 if settling ~= '1' or tonumber(expires_at) > t then return false end
 local deadline = fmt(t + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'expires_at', deadline, 'updated_at', fmt(t),
@@ -191,6 +230,9 @@ redis.call('HDEL', KEYS[1], 'swept_by')
 watch(KEYS[2], KEYS[1], tonumber(deadline))
 local token, fence, attempts, takeovers = unpack(redis.call(
   'HMGET', KEYS[1], 'token', 'fence', 'attempts', 'takeovers'))
+record(KEYS[2], KEYS[1], t, 'completed', ARGV[2], token, fence, 'its owner '
+       .. (previous_owner or '?') .. ' left the ' .. (state or '?')
+       .. ' key unsettled: completed by this delivery')
 return {token, deadline, fence or '0', attempts or '0', takeovers or '0'}
 
 -- name: force_release
@@ -198,6 +240,8 @@ return {token, deadline, fence or '0', attempts or '0', takeovers or '0'}
 -- ARGV: injected_now, reason
 local t = now(ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+local owner, token, fence = unpack(redis.call('HMGET', KEYS[1], 'owner', 'token', 'fence'))
+record(KEYS[2], KEYS[1], t, 'released', owner, token, fence, ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 'ready', 'expires_at', fmt(t), 'updated_at', fmt(t),
            'reason', ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'swept_by')
@@ -254,6 +298,8 @@ if not state then
 end
 redis.call('HSET', KEYS[1], 'state', 'dead', 'reason', ARGV[2], 'cancel', ARGV[2],
            'expires_at', fmt(t), 'updated_at', fmt(t))
+local owner, token, fence = unpack(redis.call('HMGET', KEYS[1], 'owner', 'token', 'fence'))
+record(KEYS[2], KEYS[1], t, 'dead', owner, token, fence, ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
 redis.call('ZREM', KEYS[2], KEYS[1])
 redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])

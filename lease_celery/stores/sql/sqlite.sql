@@ -81,6 +81,56 @@ CREATE INDEX IF NOT EXISTS lease_celery_history_key ON lease_celery_history (key
 -- name: create_history_at_index
 CREATE INDEX IF NOT EXISTS lease_celery_history_at ON lease_celery_history (at)
 
+-- name: create_history_on_claim
+-- Schema 5: the store writes each key's transitions into its history itself, in the statement
+-- that makes them (a trigger: same transaction, no round trip, nothing a crash can lose).
+-- Events that are no transition of the row (a local lapse, a refused stale finish, an answer,
+-- a sweeper's re-publish, an operator's action) are written by lease_celery.history.
+CREATE TRIGGER IF NOT EXISTS lease_celery_history_new_key
+AFTER INSERT ON lease_celery_leases WHEN NEW.state = 'running'
+BEGIN
+    INSERT INTO lease_celery_history (key, at, event, owner, token, fence, detail)
+    VALUES (NEW.key, NEW.updated_at, 'claimed', NEW.owner, NEW.token, NEW.fence, NULL);
+END
+
+-- name: create_history_on_transition
+-- A new token is a claim (a takeover if the row was running: its lease had lapsed); running ->
+-- done a finish; -> dead with its reason; running -> ready a release, or a retry when a backoff
+-- follows; a settling row changing owner a completion (task.py, _complete). Renewals, settle
+-- confirmations and checkpoints change none of these and write nothing.
+CREATE TRIGGER IF NOT EXISTS lease_celery_history_transition
+AFTER UPDATE ON lease_celery_leases
+WHEN NEW.token <> OLD.token OR NEW.state <> OLD.state
+  OR (NEW.settling = 1 AND OLD.settling = 1 AND NEW.owner IS NOT OLD.owner)
+BEGIN
+    INSERT INTO lease_celery_history (key, at, event, owner, token, fence, detail)
+    SELECT NEW.key, NEW.updated_at, event, NEW.owner, NEW.token, NEW.fence, detail FROM (
+        SELECT CASE
+                 WHEN NEW.token <> OLD.token AND OLD.state = 'running' THEN 'taken_over'
+                 WHEN NEW.token <> OLD.token THEN 'claimed'
+                 WHEN NEW.state = 'done' AND OLD.state = 'running' THEN 'finished'
+                 WHEN NEW.state = 'dead' THEN 'dead'
+                 WHEN NEW.state = 'ready' AND OLD.state = 'running'
+                      AND NEW.not_before > NEW.updated_at THEN 'retry'
+                 WHEN NEW.state = 'ready' AND OLD.state = 'running' THEN 'released'
+                 WHEN NEW.settling = 1 AND OLD.settling = 1 THEN 'completed'
+               END AS event,
+               CASE
+                 WHEN NEW.token <> OLD.token AND OLD.state = 'running'
+                      THEN 'the lease of ' || COALESCE(OLD.owner, '?') || ' (token ' || OLD.token
+                           || ') had lapsed'
+                 WHEN NEW.token <> OLD.token THEN NULL
+                 WHEN NEW.state = 'ready' AND NEW.not_before > NEW.updated_at
+                      THEN COALESCE(NEW.reason, 'released') || '; claimable again in '
+                           || printf('%.2f', NEW.not_before - NEW.updated_at) || 's'
+                 WHEN NEW.state IN ('dead', 'ready') THEN NEW.reason
+                 WHEN NEW.settling = 1 AND OLD.settling = 1 AND NEW.state = OLD.state
+                      THEN 'its owner ' || COALESCE(OLD.owner, '?')
+                           || ' left the ' || NEW.state || ' key unsettled: completed by this delivery'
+               END AS detail)
+    WHERE event IS NOT NULL;
+END
+
 -- name: history_insert
 INSERT INTO lease_celery_history (key, at, event, owner, token, fence, detail)
 VALUES (?, ?, ?, ?, ?, ?, ?)
