@@ -40,6 +40,10 @@ RETRY_AFTER_ERROR = 0.5
 #: from when a renewal was *sent*, so a reply slower than the interval would otherwise lose
 #: leases the store still holds. (On SQLite, whose calls are serialized, they simply queue.)
 SENDERS = 4
+#: When every sender waits (calls hung on connections that died without a word wait for the
+#: socket timeout, 5 s by default, longer than a short ttl), another sender is started, up to
+#: this many: the next renewal, or a settle confirmation, still goes out on time.
+MAX_SENDERS = 16
 
 
 class Heartbeat:
@@ -83,9 +87,12 @@ class Heartbeat:
         # is going sends the queued ones itself and waits for the others (flush_background).
         self._queued: dict[LeaseHandle, Callable[[], None]] = {}
         self._in_flight: set[LeaseHandle] = set()
+        # Senders started, and how many of them wait for a call now (a real lock: the
+        # senders are real OS threads under green pools too).
+        self._senders, self._idle, self._senders_lock = 0, 0, green.lock()
         self._thread = green.start_thread(self._run, name="lease-heartbeat")
-        for n in range(SENDERS):
-            green.start_thread(self._send, name=f"lease-send-{n}")
+        for _ in range(SENDERS):
+            self._start_sender()
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -135,7 +142,7 @@ class Heartbeat:
         with self._wake:
             handle.writing = True
             self._queued[handle] = write
-        self._outbox.put(functools.partial(self._write_queued, handle))
+        self._enqueue(functools.partial(self._write_queued, handle))
 
     def _write_queued(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -178,7 +185,9 @@ class Heartbeat:
         sender then parks: the heartbeat sends nothing more."""
         if not self._green:
             return
-        left, guard, closed, park = [SENDERS], green.lock(), green.Event(), green.Event()
+        with self._senders_lock:
+            senders = self._senders
+        left, guard, closed, park = [senders], green.lock(), green.Event(), green.Event()
 
         def close() -> None:
             green.close_thread_stores()
@@ -188,7 +197,7 @@ class Heartbeat:
                     closed.set()
             park.wait()  # so that each sender takes exactly one of these
 
-        for _ in range(SENDERS):
+        for _ in range(senders):
             self._outbox.put(close)
         closed.wait(timeout)
 
@@ -271,7 +280,7 @@ class Heartbeat:
         while True:
             due, settles = self._due()
             if settles:
-                self._outbox.put(functools.partial(self._send_settles, settles))
+                self._enqueue(functools.partial(self._send_settles, settles))
             groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
             for handle in due:
                 groups[handle.store, handle.ttl].append(handle)
@@ -283,8 +292,27 @@ class Heartbeat:
                 for handle in handles:
                     handle.next_renewal_at = sent_at + handle.heartbeat_interval
                 # Under green pools, each sender renews through its own copy of the store.
-                self._outbox.put(functools.partial(self._renew_or_retry, green.per_thread(store),
+                self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
                                                    ttl, handles, sent_at, delays))
+
+    def _start_sender(self, *, idle: bool = True) -> None:
+        with self._senders_lock:
+            n = self._senders
+            self._senders += 1
+            self._idle += idle
+        green.start_thread(self._send, name=f"lease-send-{n}")
+
+    def _enqueue(self, call: Callable[[], None]) -> None:
+        """Queue a store call for a sender, reserving an idle one; start another sender if
+        every one is busy."""
+        with self._senders_lock:
+            reserved = self._idle > 0
+            if reserved:
+                self._idle -= 1
+            more = not reserved and self._senders < MAX_SENDERS
+        if more:
+            self._start_sender(idle=False)  # it takes this call
+        self._outbox.put(call)
 
     def _send(self) -> None:
         while True:
@@ -293,6 +321,9 @@ class Heartbeat:
                 call()
             except Exception:  # never let the thread die: a dead heartbeat loses every lease
                 logger.exception("lease heartbeat failed")
+            finally:
+                with self._senders_lock:
+                    self._idle += 1
 
     def _renew_or_retry(self, store: Store, ttl: float, handles: list[LeaseHandle],
                         sent_at: float, delays: list[float]) -> None:

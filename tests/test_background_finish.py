@@ -24,7 +24,7 @@ from lease_celery import LeasedTask, open_store, signals
 from lease_celery.delivery import shared_store
 from lease_celery.errors import ResultNotSerializable
 from lease_celery.handle import LeaseHandle
-from lease_celery.heartbeat import SENDERS, Heartbeat
+from lease_celery.heartbeat import MAX_SENDERS, Heartbeat
 from lease_celery.models import LeaseState
 from tests.workers import WorkerPool
 
@@ -191,8 +191,8 @@ def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() 
     calling thread; when the senders come free they do not make it again."""
     heartbeat = Heartbeat()
     gate = threading.Event()
-    for _ in range(SENDERS):
-        heartbeat._outbox.put(gate.wait)  # each sender blocks on one of these
+    for _ in range(MAX_SENDERS):
+        heartbeat._enqueue(gate.wait)  # each sender (as many as may start) blocks on one
     time.sleep(0.1)
     handle = LeaseHandle(_Lease(), store=None, ttl=30, heartbeat_interval=10,  # type: ignore
                          sent_at=time.monotonic())
@@ -224,12 +224,23 @@ def test_a_warm_shutdown_right_after_a_fire_and_forget_task_keeps_its_finish(
     lease), so the key is done with token 1 and nothing runs the body again, even with a new
     worker sweeping past the ttl."""
     with open_store(workers.store_url) as store:
-        store.get("warm-up")  # the schema exists before the proxy slows anything down
+        # The schema exists, and the server has the claim and finish scripts, before the proxy
+        # slows anything down: a script the server lacks costs two more slow round trips
+        # (NOSCRIPT, SCRIPT LOAD), and the going worker waits 1 s for the write.
+        warm = store.claim(f"warm-up:{uuid.uuid4().hex}", owner="warm-up", ttl=5)
+        assert warm is not None and store.finish(warm, None)
     parts = urlsplit(workers.store_url)
     proxy = DelayingProxy(parts.hostname or "127.0.0.1", parts.port or 0)
     try:
         workers.env["LEASE_TEST_STORE"] = _through(proxy, workers.store_url)
         worker = workers.start("a", concurrency=1)
+        # A first task while the store is fast: the pool process has its connections (a new
+        # one costs five slow round trips, more than the 1 s a going process waits for the
+        # write) before the proxy slows the replies down.
+        warm_job = uuid.uuid4().hex[:10]
+        workers.client.send_task("tests.worker_app.quiet", args=(warm_job,))
+        warmed = _wait_done(workers.store_url, f"job:{warm_job}", timeout=20)
+        assert warmed is not None and warmed.state is LeaseState.DONE, warmed
         job = uuid.uuid4().hex[:10]
         proxy.delay = 0.4
         workers.client.send_task("tests.worker_app.quiet", args=(job,))

@@ -226,9 +226,14 @@ def test_redis_extra_runs_a_redis_broker_and_store(
         tmp_path: Path, wheel: Path, redis_client: Any, redis_store_url: str,
         scene: list[Scene]) -> None:
     """``lease-celery[redis]`` on a fresh venv: kombu's Redis transport imports (it needs
-    ``packaging``, which the extra must bring), a worker consumes from a Redis broker, stores
-    its result in Redis and its lease in a Redis store."""
+    ``packaging``, which the extra must bring), redis-py finds its C parser (hiredis), a
+    worker consumes from a Redis broker, stores its result in Redis and its lease in a Redis
+    store."""
     venv = fresh_venv(tmp_path, wheel, "redis")
+    parser = subprocess.run([str(venv / "bin" / "python"), "-c",
+                             "import redis.utils; print(redis.utils.HIREDIS_AVAILABLE)"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert parser.stdout.strip() == "True", parser.stdout + parser.stderr
     one = Scene(tmp_path, venv, {"EXTRAS_BROKER": REDIS_URL, "EXTRAS_BACKEND": REDIS_URL,
                                  "EXTRAS_STORE": redis_store_url,
                                  "EXTRAS_ABSENT": "pytest psycopg prometheus_client"})

@@ -294,3 +294,56 @@ def test_the_settle_deadline_is_renewed_while_the_confirmation_waits_for_its_rep
         assert taken is None, "a redelivery took the settlement over from the living owner"
         row = store.get("hb:settle-slow")
         assert row is not None and not row.settling and row.owner == "heartbeat-test"
+
+
+class HangingRenewals(CountingStore):
+    """The first renewal hangs ``hang`` seconds, then fails: its connection died without a
+    word (a proxy or a server restart) and it waits for the socket timeout. Later calls go
+    out on fresh connections and are answered."""
+
+    def __init__(self, store: Store, hang: float) -> None:
+        super().__init__(store)
+        self.hang = hang
+
+    def renew_many(self, leases: Any, *, ttl: float) -> Any:
+        if self.calls == 0:
+            self.calls += 1
+            time.sleep(self.hang)
+            raise StoreError("the lease store did not answer (test)")
+        return super().renew_many(leases, ttl=ttl)
+
+
+def test_renewals_go_out_on_time_while_every_sender_waits_on_a_dead_connection(
+        sqlite_url: str) -> None:
+    """As many calls as there are senders hang on dead connections for 3 × ttl (the chaos run:
+    a settle confirmation queued behind them for 5 s, past its deadline): the heartbeat starts
+    more senders, so the next renewals go out on time, on fresh connections, and no lease is
+    lost."""
+    from lease_celery.heartbeat import SENDERS
+
+    ttl, interval = 1.0, 0.25
+    heartbeat = Heartbeat.for_process()
+    with open_store(sqlite_url) as store:
+        hanging = [HangingRenewals(store, hang=3 * ttl) for _ in range(SENDERS)]
+        stuck = []
+        for n, wrapper in enumerate(hanging):
+            lease = store.claim(f"hb:stuck:{n}", owner="heartbeat-test", ttl=ttl)
+            assert lease is not None
+            stuck.append(LeaseHandle(lease, store=wrapper,  # type: ignore[arg-type]
+                                     ttl=ttl, heartbeat_interval=interval,
+                                     sent_at=time.monotonic()))
+        for handle in stuck:
+            heartbeat.watch(handle)
+        time.sleep(interval * 1.5)  # every sender is now waiting on a hung call
+        assert all(wrapper.calls == 1 for wrapper in hanging)
+        healthy = _watched(store, "hb:healthy", ttl=ttl, interval=interval)
+        try:
+            deadline = time.monotonic() + 2.5 * ttl
+            while time.monotonic() < deadline:
+                for handle in [healthy, *stuck]:
+                    handle.check()
+                time.sleep(0.02)
+        finally:
+            heartbeat.unwatch(healthy)
+            for handle in stuck:
+                heartbeat.unwatch(handle)

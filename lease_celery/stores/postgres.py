@@ -164,7 +164,7 @@ class PostgresStore(Store):
                     conn.execute(self._q["migrate_fill_sweep_at"])
             conn.execute(self._q["create_sweep_index"])
             conn.execute(self._q["create_history_key_index"])
-            conn.execute(self._q["create_history_at_index"])
+            conn.execute(self._q["drop_history_at_index"])
             conn.execute(self._q["create_terminal_index"])
             conn.execute(self._q["create_history_function"])
             conn.execute(self._q["create_history_on_claim"])

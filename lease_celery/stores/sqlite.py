@@ -171,7 +171,7 @@ class SQLiteStore(Store):
             conn.execute(_Q["init_fence"])
             conn.execute(_Q["create_history"])
             conn.execute(_Q["create_history_key_index"])
-            conn.execute(_Q["create_history_at_index"])
+            conn.execute(_Q["drop_history_at_index"])
             conn.execute(_Q["create_history_on_claim"])
             conn.execute(_Q["create_history_on_transition"])
             conn.execute(_Q["create_meta"])

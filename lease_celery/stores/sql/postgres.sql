@@ -86,8 +86,10 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_history (
 -- name: create_history_key_index
 CREATE INDEX IF NOT EXISTS lease_celery_history_key ON {schema}.lease_celery_history (key, at)
 
--- name: create_history_at_index
-CREATE INDEX IF NOT EXISTS lease_celery_history_at ON {schema}.lease_celery_history (at)
+-- name: drop_history_at_index
+-- Schema 5: the entries across keys are read, and pruned, in insertion order (id), which the
+-- primary key keeps anyway: an index on the time cost every transition a third write.
+DROP INDEX IF EXISTS {schema}.lease_celery_history_at
 
 -- name: create_history_function
 -- Schema 5: the store writes each key's transitions into its history itself, in the statement
@@ -163,14 +165,18 @@ SELECT key, at, event, owner, token, fence, detail FROM (
 ORDER BY at, id
 
 -- name: history_recent
-SELECT key, at, event, owner, token, fence, detail FROM {schema}.lease_celery_history
-WHERE %(events)s::text[] IS NULL OR event = ANY(%(events)s::text[])
-ORDER BY at DESC, id DESC LIMIT %(limit)s
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT * FROM {schema}.lease_celery_history
+    WHERE %(events)s::text[] IS NULL OR event = ANY(%(events)s::text[])
+    ORDER BY id DESC LIMIT %(limit)s) AS latest
+ORDER BY at DESC, id DESC
 
 -- name: history_prune
+-- The oldest entries first, by insertion order: a batch reads the table's first `limit` rows
+-- and deletes those older than the cutoff.
 DELETE FROM {schema}.lease_celery_history
-WHERE id IN (SELECT id FROM {schema}.lease_celery_history
-             WHERE at < %(cutoff)s ORDER BY at LIMIT %(limit)s)
+WHERE id IN (SELECT id FROM {schema}.lease_celery_history ORDER BY id LIMIT %(limit)s)
+  AND at < %(cutoff)s
 
 -- name: create_effects
 -- Effect receipts (lease_celery.effects): one row per business key. Every change bumps

@@ -78,8 +78,10 @@ CREATE TABLE IF NOT EXISTS lease_celery_history (
 -- name: create_history_key_index
 CREATE INDEX IF NOT EXISTS lease_celery_history_key ON lease_celery_history (key, at)
 
--- name: create_history_at_index
-CREATE INDEX IF NOT EXISTS lease_celery_history_at ON lease_celery_history (at)
+-- name: drop_history_at_index
+-- Schema 5: the entries across keys are read, and pruned, in insertion order (rowid), which
+-- the table keeps anyway: an index on the time cost every transition a third write.
+DROP INDEX IF EXISTS lease_celery_history_at
 
 -- name: create_history_on_claim
 -- Schema 5: the store writes each key's transitions into its history itself, in the statement
@@ -142,14 +144,18 @@ SELECT key, at, event, owner, token, fence, detail FROM (
 ORDER BY at, n
 
 -- name: history_recent
-SELECT key, at, event, owner, token, fence, detail FROM lease_celery_history
-WHERE :events IS NULL OR event IN (SELECT value FROM json_each(:events))
-ORDER BY at DESC, rowid DESC LIMIT :limit
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT rowid AS n, * FROM lease_celery_history
+    WHERE :events IS NULL OR event IN (SELECT value FROM json_each(:events))
+    ORDER BY rowid DESC LIMIT :limit)
+ORDER BY at DESC, n DESC
 
 -- name: history_prune
+-- The oldest entries first, by insertion order: a batch reads :limit rows from the start of
+-- the table and deletes those older than the cutoff.
 DELETE FROM lease_celery_history
-WHERE rowid IN (SELECT rowid FROM lease_celery_history WHERE at < :cutoff ORDER BY at
-                LIMIT :limit)
+WHERE rowid IN (SELECT rowid FROM lease_celery_history ORDER BY rowid LIMIT :limit)
+  AND at < :cutoff
 
 -- name: create_fence
 -- The store-wide fence: one counter, bumped in the same transaction as every claim.
