@@ -67,10 +67,12 @@ def tick(self: LeasedTask, entry: str, slot: str) -> None:
            task_id=self.request.id)
 
 
-@signals.before_task_publish.connect
+@signals.after_task_publish.connect
 def _sent(sender: Any = None, headers: Any = None, body: Any = None, **_: Any) -> None:
     # What each beat really published, under which id (not the worker's own re-publishes of
     # deferred duplicates: only processes started as beats have LEASE_TEST_BEAT_ROLE=beat).
+    # After the publish: the test stops a beat right after its last send, and a copy noted
+    # before its publish may never have reached the broker.
     if sender == "beat_tick" and headers is not None and ROLE == "beat":
         kwargs = body[1] if isinstance(body, (list, tuple)) and len(body) > 1 else {}
         record("sent", entry=kwargs.get("entry"), slot=kwargs.get("slot"),
