@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from lease_celery import Store, open_store
+from lease_celery import Store, history, open_store
 from lease_celery.testing import ManualClock
 from tests.servers import (
     PG_DSN,
@@ -59,6 +59,7 @@ def redis_store_url() -> Iterator[str]:
     require("Redis", reachable, detail)
     prefix = f"lease_test_{uuid.uuid4().hex[:12]}:"
     yield f"{REDIS_STORE_URL}?prefix={prefix}"
+    history.flush()  # entries still queued (a sweep's) would land after the clean-up
     client = redis.Redis.from_url(REDIS_STORE_URL)
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
