@@ -4,7 +4,9 @@ When Celery does nothing with a task's outcome (``ignore_result``, no callback, 
 chord: ``AttemptEnding._settle_within`` is None), nothing after the body waits for the
 finish's verdict. Celery stores no result and sends nothing; the verdict changes only what the
 row says. So the finish is queued on the heartbeat's sender threads and the pool process takes
-its next task at once, a store round trip sooner (``lease_finish_in_background``, default on).
+its next task at once, a store round trip sooner (``lease_finish_in_background``; by default,
+``"auto"``, only after a body that ran at least 2 ms: a no-op body pays more for the hand-off
+to the thread than for the round trip).
 
 What holds is what holds for a synchronous finish, judged by the same single conditional
 write: one accepted outcome per key, and a stale owner's finish refused. The difference is
