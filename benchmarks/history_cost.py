@@ -10,7 +10,11 @@ measures what that costs the task's own path. Per store, two stores side by side
 
 Both get ``store.claim`` + ``store.finish`` on fresh keys (with task info, as a LeasedTask
 claims) in bursts that alternate, the order flipping each round, so that machine noise hits
-them alike. Prints µs per cycle (median over the bursts) and the difference.
+them alike. Prints µs per cycle (median over the bursts) and the difference, and what the
+history takes per task: the two sides' storage after the same number of cycles (SQLite: the
+vacuumed file; PostgreSQL: the tables with their indexes and TOAST; Redis: ``MEMORY USAGE``
+of every key), its difference divided by the cycles. Keys are ``h:`` and 32 hex digits, the
+owner ``bench``: a real owner (``host:pid:uuid/n``) adds its length twice per task.
 
     python benchmarks/history_cost.py [--cycles 400] [--rounds 8] [--stores sqlite,postgres,redis]
 
@@ -48,12 +52,25 @@ def cycle_cost(store: Store, cycles: int) -> float:
     return (time.perf_counter() - started) / cycles * 1e6
 
 
+#: A pair: the store with its history, the one without, and the storage of a side in bytes.
+Pair = tuple[Store, Store, Callable[[str], int]]
+
+
 @contextmanager
-def sqlite_pair(tmp: Path) -> Iterator[tuple[Store, Store]]:
+def sqlite_pair(tmp: Path) -> Iterator[Pair]:
     import sqlite3
 
     with_it = open_store(f"sqlite:///{tmp / 'with.sqlite3'}")
     without = open_store(f"sqlite:///{tmp / 'without.sqlite3'}")
+
+    def size(side: str) -> int:
+        path = tmp / f"{side}.sqlite3"
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("VACUUM")
+        conn.close()
+        return path.stat().st_size
+
     for store in (with_it, without):
         store.get("schema")  # the schema exists (and, on the second, its triggers)
     conn = sqlite3.connect(tmp / "without.sqlite3")
@@ -62,14 +79,14 @@ def sqlite_pair(tmp: Path) -> Iterator[tuple[Store, Store]]:
     conn.commit()
     conn.close()
     try:
-        yield with_it, without
+        yield with_it, without, size
     finally:
         with_it.close()
         without.close()
 
 
 @contextmanager
-def postgres_pair() -> Iterator[tuple[Store, Store]]:
+def postgres_pair() -> Iterator[Pair]:
     import psycopg
 
     run = uuid.uuid4().hex[:8]
@@ -82,7 +99,15 @@ def postgres_pair() -> Iterator[tuple[Store, Store]]:
             for trigger in ("lease_celery_history_new_key", "lease_celery_history_transition"):
                 conn.execute(f'DROP TRIGGER {trigger} ON "{schemas["without"]}".'
                              f"lease_celery_leases")
-        yield stores["with"], stores["without"]
+        def size(side: str) -> int:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relkind = 'r'", (schemas[side],)).fetchone()
+            return int(row[0]) if row else 0
+
+        yield stores["with"], stores["without"], size
     finally:
         for store in stores.values():
             store.close()
@@ -92,7 +117,7 @@ def postgres_pair() -> Iterator[tuple[Store, Store]]:
 
 
 @contextmanager
-def redis_pair() -> Iterator[tuple[Store, Store]]:
+def redis_pair() -> Iterator[Pair]:
     import redis
 
     from lease_celery.stores import redis as redis_store
@@ -107,12 +132,17 @@ def redis_pair() -> Iterator[tuple[Store, Store]]:
     without._scripts = {  # type: ignore[attr-defined]
         name: client.register_script(f"{prelude}\n{body}")
         for name, body in redis_store._SCRIPTS.items() if name != "clock"}
+    cleaner = redis.Redis.from_url(REDIS_URL)
+
+    def size(side: str) -> int:
+        return sum(cleaner.memory_usage(key, samples=0) or 0
+                   for key in cleaner.scan_iter(f"bench-history-{run}-{side}:*", count=1000))
+
     try:
-        yield with_it, without
+        yield with_it, without, size
     finally:
         with_it.close()
         without.close()
-        cleaner = redis.Redis.from_url(REDIS_URL)
         for side in ("with", "without"):
             keys = list(cleaner.scan_iter(f"bench-history-{run}-{side}:*", count=1000))
             for start in range(0, len(keys), 500):
@@ -120,11 +150,15 @@ def redis_pair() -> Iterator[tuple[Store, Store]]:
         cleaner.close()
 
 
+WARM_UP = 50
+
+
 def measure(pair: tuple[Store, Store], cycles: int, rounds: int) -> tuple[float, float]:
-    """Median µs per cycle (with history, without), bursts alternating."""
+    """Median µs per cycle (with history, without), bursts alternating; each side makes
+    ``WARM_UP + cycles * rounds`` cycles."""
     with_it, without = pair
-    cycle_cost(with_it, 50)
-    cycle_cost(without, 50)  # warm: connections, prepared statements, scripts
+    cycle_cost(with_it, WARM_UP)
+    cycle_cost(without, WARM_UP)  # warm: connections, prepared statements, scripts
     costs: dict[str, list[float]] = {"with": [], "without": []}
     for round_ in range(rounds):
         order = ("with", "without") if round_ % 2 == 0 else ("without", "with")
@@ -148,14 +182,17 @@ def main() -> None:
             "sqlite": lambda: sqlite_pair(Path(tmp)), "postgres": postgres_pair,
             "redis": redis_pair}
         print(f"{'store':<10}{'with history µs':>17}{'without µs':>12}{'history µs':>12}"
-              f"{'share':>8}")
+              f"{'share':>8}{'history bytes/task':>20}")
+        done = WARM_UP + args.cycles * args.rounds
         for name in wanted:
-            with pairs[name]() as pair:  # type: ignore[attr-defined]
-                with_it, without = measure(pair, args.cycles, args.rounds)
+            with pairs[name]() as (with_store, without_store, size):  # type: ignore[attr-defined]
+                with_it, without = measure((with_store, without_store), args.cycles,
+                                           args.rounds)
+                per_task = (size("with") - size("without")) / done
             print(f"{name:<10}{with_it:>17,.0f}{without:>12,.0f}{with_it - without:>12,.0f}"
-                  f"{(with_it - without) / with_it:>8.0%}")
+                  f"{(with_it - without) / with_it:>8.0%}{per_task:>20,.0f}")
     print(f"(µs per claim + finish, median of {args.rounds} alternating bursts of "
-          f"{args.cycles} cycles)")
+          f"{args.cycles} cycles; history bytes per task after {done:,} cycles a side)")
 
 
 if __name__ == "__main__":

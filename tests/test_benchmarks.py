@@ -159,7 +159,7 @@ def test_scale_benchmark_runs_tiny_on_every_store_and_cleans_up() -> None:
 
 def test_history_cost_benchmark_prints_a_row_per_store() -> None:
     """``benchmarks/history_cost.py``, tiny: per store, µs per claim + finish with and without
-    the history writes, the difference and its share."""
+    the history writes, the difference, its share, and the history's bytes per task."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
@@ -169,6 +169,6 @@ def test_history_cost_benchmark_prints_a_row_per_store() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3).replace(",", "")))
             for m in re.finditer(r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+-?[\d,]+"
-                                 r"\s+-?\d+%$", run.stdout, re.MULTILINE)}
+                                 r"\s+-?\d+%\s+-?[\d,]+$", run.stdout, re.MULTILINE)}
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
     assert all(with_it > 0 and without > 0 for with_it, without in rows.values()), run.stdout
