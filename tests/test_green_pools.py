@@ -32,29 +32,7 @@ WORK = "tests.worker_app.work"
 def start_green(workers: WorkerPool, name: str, pool: str, *,
                 concurrency: int = 4) -> Worker:
     """``WorkerPool.start`` for a green pool: ``celery -A tests.green_app worker -P pool``."""
-    log = workers.tmp / f"worker-{name}.log"
-    env = {**os.environ, **workers.env,
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "celery", "-A", "tests.green_app", "worker",
-           "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h",
-           "--without-gossip", "--without-mingle", "--without-heartbeat",
-           "-l", "info", "-Q", workers.env["LEASE_TEST_QUEUE"]]
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=workers.tmp, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    worker = Worker(name, process, log)
-    workers.workers.append(worker)
-    hostname = f"{name}@{os.uname().nodename}"
-    try:
-        workers.journal.wait_for(
-            lambda j: bool(j.events("worker_ready", hostname=hostname))
-            or process.poll() is not None, timeout=30, what=f"worker {name} to be ready")
-    except AssertionError:
-        raise AssertionError(f"worker {name} did not start:\n{worker.output()}") from None
-    if process.poll() is not None:
-        raise AssertionError(f"worker {name} exited with {process.returncode}:\n"
-                             f"{worker.output()}")
-    return worker
+    return workers.start(name, concurrency=concurrency, app="tests.green_app", pool=pool)
 
 
 def _record(workers: WorkerPool, key: str) -> LeaseRecord | None:

@@ -72,12 +72,16 @@ class WorkerPool:
         self.store_url = ""
 
     def start(self, name: str, *, concurrency: int = 2, ready_timeout: float = 30.0,
-              extra_env: dict[str, str] | None = None) -> Worker:
+              extra_env: dict[str, str] | None = None, app: str = "tests.worker_app",
+              pool: str = "prefork") -> Worker:
+        """``celery -A app worker -P pool`` on this pool's queue; returns once it is ready."""
         log = self.tmp / f"worker-{name}.log"
         env = {**os.environ, **self.env, **(extra_env or {}),
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.worker_app", "worker",
-               "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h", "-O", "fair",
+        # -O fair is the prefork pool's scheduling: the other pools have no use for it.
+        fair = ["-O", "fair"] if pool == "prefork" else []
+        cmd = [sys.executable, "-m", "celery", "-A", app, "worker",
+               "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", *fair,
                "--without-gossip", "--without-mingle", "--without-heartbeat",
                "-l", "info", "-Q", self.env["LEASE_TEST_QUEUE"]]
         with log.open("wb") as out:
