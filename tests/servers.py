@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -13,14 +14,18 @@ REDIS_DB = int(os.environ.get("LEASE_TEST_REDIS_DB", "11"))
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
 
 
-def require(server: str, reachable: bool, detail: str) -> None:
-    """A missing server fails the run in CI (CI=true) and skips the test elsewhere."""
-    if reachable:
-        return
-    message = f"{server} is not reachable ({detail}); see ../shared/services.md to start it"
+def missing(message: str) -> NoReturn:
+    """Something a test needs is missing: that fails the run in CI (CI=true) and skips the
+    test elsewhere."""
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def require(server: str, reachable: bool, detail: str) -> None:
+    """A missing server fails the run in CI (CI=true) and skips the test elsewhere."""
+    if not reachable:
+        missing(f"{server} is not reachable ({detail}); see ../shared/services.md to start it")
 
 PG_DSN = os.environ.get("LEASE_TEST_PG", "postgresql://127.0.0.1:5432/test")
 #: Redis database for store tests (keys under a per-test prefix, deleted afterwards).

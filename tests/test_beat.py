@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 import redis
@@ -571,13 +571,16 @@ class BeatRig:
     journal: Journal
     worker: Worker
     beats: list[Worker] = field(default_factory=list)
+    #: The Celery app module the beats run.
+    beat_app: ClassVar[str] = "tests.beat_app"
 
-    def start_beat(self, name: str, scheduler: str, entry: str) -> Worker:
+    def start_beat(self, name: str, scheduler: str, entry: str,
+                   extra_env: dict[str, str] | None = None) -> Worker:
         log = self.tmp / f"beat-{name}.log"
-        env = {**os.environ, **self.env, "LEASE_TEST_BEAT_ROLE": "beat",
+        env = {**os.environ, **self.env, **(extra_env or {}), "LEASE_TEST_BEAT_ROLE": "beat",
                "LEASE_TEST_BEAT_ENTRY": entry,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.beat_app", "beat", "-S", scheduler,
+        cmd = [sys.executable, "-m", "celery", "-A", self.beat_app, "beat", "-S", scheduler,
                "-s", str(self.tmp / f"{name}.schedule"), "-l", "info"]
         with log.open("wb") as out:
             process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,

@@ -34,7 +34,6 @@ import logging
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -52,7 +51,6 @@ from lease_celery.beat import SLOT, AlignedInterval, NotSlotted, slot_of, slot_t
 from tests.proxy import CuttableProxy
 from tests.servers import REDIS_HOST, REDIS_PORT
 from tests.test_beat import PERIOD, BeatRig, _by_beat, _judged, running_rig
-from tests.workers import REPO, Worker
 
 
 def _third_party(module: str) -> Any:
@@ -80,20 +78,7 @@ LEASED_DJANGO = "lease_celery.beat:LeasedDatabaseScheduler"
 class IntegrationRig(BeatRig):
     """tests/test_beat.py's rig, with beats of tests/beat_integrations_app.py."""
 
-    def start_beat(self, name: str, scheduler: str, entry: str,
-                   extra_env: dict[str, str] | None = None) -> Worker:
-        log = self.tmp / f"beat-{name}.log"
-        env = {**os.environ, **self.env, **(extra_env or {}), "LEASE_TEST_BEAT_ROLE": "beat",
-               "LEASE_TEST_BEAT_ENTRY": entry,
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.beat_integrations_app", "beat",
-               "-S", scheduler, "-s", str(self.tmp / f"{name}.schedule"), "-l", "info"]
-        with log.open("wb") as out:
-            process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        beat = Worker(name, process, log)
-        self.beats.append(beat)
-        return beat
+    beat_app = "tests.beat_integrations_app"
 
 
 @pytest.fixture(scope="module")

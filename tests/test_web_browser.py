@@ -22,6 +22,7 @@ import pytest
 from lease_celery import EffectState, Store, open_store
 from lease_celery.errors import EffectOutcomeUnknown
 from tests.policy_helpers import REPO
+from tests.servers import missing
 
 TOKEN = "browser-test-token-4f9a"
 DEAD_KEY = "nightly:<script>window.pwned = 1; alert('key')</script>"
@@ -32,12 +33,8 @@ OTHER_EFFECT = "refund:42:v1"
 
 def _need(what: str, present: bool, how: str) -> None:
     """Missing browser parts fail the run under CI=true and skip the test elsewhere."""
-    if present:
-        return
-    message = f"{what} not installed: {how}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    if not present:
+        missing(f"{what} not installed: {how}")
 
 
 def _unknown(key: str) -> None:
