@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,7 +32,7 @@ from lease_celery import LeasedTask, delivery, metrics, open_store, otel, signal
 from lease_celery.sweeper import sweep
 from lease_celery.testing import ManualClock
 from tests.servers import REDIS_HOST, REDIS_PORT, require
-from tests.workers import REPO, Journal, Worker, client_app
+from tests.workers import Journal, Worker, WorkerPool, client_app
 
 #: A traceparent as an instrumented publisher would have sent it.
 TRACE_ID, SPAN_ID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -210,34 +208,16 @@ WORK, UNCHECKED, QUIET = ("tests.worker_app.work", "tests.worker_app.unchecked",
                           "tests.worker_app.quiet")
 
 
-class TracedWorkers:
+class TracedWorkers(WorkerPool):
     """Real ``celery -A tests.otel_app worker`` processes, their journal and their spans."""
 
     def __init__(self, tmp: Path, client: redis.Redis, env: dict[str, str]) -> None:
-        self.tmp, self.redis, self.env = tmp, client, env
-        self.journal = Journal(client, env["LEASE_TEST_JOURNAL"])
+        super().__init__(tmp=tmp, env=env, journal=Journal(client, env["LEASE_TEST_JOURNAL"]))
+        self.redis = client
         self.client = client_app(BROKER, env["LEASE_TEST_QUEUE"])
-        self.workers: list[Worker] = []
 
-    def start(self, name: str, *, concurrency: int = 2) -> Worker:
-        log = self.tmp / f"worker-{name}.log"
-        env = {**os.environ, **self.env,
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.otel_app", "worker", "-P",
-               "prefork", "-c", str(concurrency), "-n", f"{name}@%h", "-O", "fair",
-               "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
-               "-Q", self.env["LEASE_TEST_QUEUE"]]
-        with log.open("wb") as out:
-            process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        worker = Worker(name, process, log)
-        self.workers.append(worker)
-        hostname = f"{name}@{os.uname().nodename}"
-        self.journal.wait_for(lambda j: bool(j.events("worker_ready", hostname=hostname))
-                              or process.poll() is not None, timeout=30,
-                              what=f"worker {name} to be ready")
-        assert process.poll() is None, f"worker {name} exited:\n{worker.output()}"
-        return worker
+    def start(self, name: str, *, concurrency: int = 2, **options: Any) -> Worker:
+        return super().start(name, concurrency=concurrency, app="tests.otel_app", **options)
 
     def spans(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.redis.lrange(self.env["LEASE_TEST_OTEL_SPANS"],
@@ -257,9 +237,6 @@ class TracedWorkers:
         """The run spans (opentelemetry-instrumentation-celery's) of deliveries of task_id."""
         return [s for s in self.spans() if s["name"].startswith("run/")
                 and s["attributes"].get("messaging.message.id") == task_id]
-
-    def logs(self) -> str:
-        return "\n".join(f"----- {w.name} -----\n{w.output()}" for w in self.workers)
 
 
 @pytest.fixture
