@@ -7,6 +7,7 @@ Exit codes: 0 done; 1 the key is missing or not in a state that allows the actio
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from lease_celery import LeaseState, Store, open_store
+from lease_celery.stores.base import encode_checkpoint
 from tests.conftest import fresh_store_url
 from tests.policy_helpers import (
     CELERY,
@@ -100,10 +102,22 @@ def test_list_filters_by_state_prefix_and_owner(store: Store, cli: Cli) -> None:
 
 
 def test_show_prints_one_record_and_exits_1_when_missing(store: Store, cli: Cli) -> None:
-    """``show KEY`` prints the record's fields (state, owner, token, attempts, reason);
-    ``--json`` the same as a dict; a missing key exits 1 with a message (a JSON error object
-    under ``--json``)."""
+    """``show KEY`` prints the record's fields (state, owner, token, attempts, reason, and a
+    running key's checkpoint as JSON); ``--json`` the same as a dict; a missing key exits 1
+    with a message (a JSON error object under ``--json``)."""
     _populate(store)
+    long = store.claim("c:long", owner="w4", ttl=600)
+    assert long is not None
+    assert store.checkpoint(long, encode_checkpoint({"done": 3, "of": 10, "site": "é"}))
+    text = cli("show", "c:long")
+    assert text.returncode == 0, text.stderr
+    record_part = text.stdout.split("\n    history (")[0]
+    fields = {name.strip(): value for name, value in
+              (line.split(": ", 1) for line in record_part.splitlines())}
+    assert fields["state"] == "running" and fields["owner"] == "w4"
+    assert json.loads(fields["checkpoint"]) == {"done": 3, "of": 10, "site": "é"}
+    data = parse_json(cli("--json", "show", "c:long"))
+    assert (data["key"], data["checkpoint"]) == ("c:long", {"done": 3, "of": 10, "site": "é"})
     text = cli("show", "b:dead")
     assert text.returncode == 0, text.stderr
     record_part = text.stdout.split("\n    history (")[0]  # then the last few events

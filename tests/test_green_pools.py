@@ -86,9 +86,10 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
         workers: WorkerPool, pool: str) -> None:
     """A body that busy-loops 5 s (never yielding: the hub cannot run) at ttl 2 s, next to a
     well-behaved body that sleeps 8 s checking its lease: both run once under token 1 and end
-    done, with no loss and no takeover (the renewals run on a real OS thread). A row left
-    running by a dead worker is re-published by this worker's sweeper (a real OS thread too,
-    publishing on its own connection) and run once under token 2."""
+    done, with no loss and no takeover (the renewals run on a real OS thread), each under an
+    owner of its own naming the one worker process. A row left running by a dead worker is
+    re-published by this worker's sweeper (a real OS thread too, publishing on its own
+    connection) and run once under token 2."""
     worker = start_green(workers, "a", pool)
     sleeper, spinner, orphan = _job(), _job(), _job()
     with open_store(workers.store_url) as store:
@@ -99,8 +100,19 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=sleeper)),
                              timeout=20, what="the sleeping body to start")
     spun = workers.client.send_task(SPIN, args=(spinner, 5.0))
-    assert spun.get(timeout=30)["token"] == 1
-    assert slept.get(timeout=30)["token"] == 1
+    spun_result, slept_result = spun.get(timeout=30), slept.get(timeout=30)
+    assert spun_result["token"] == 1
+    assert slept_result["token"] == 1
+    # Two executions at once in one green process: each claim has an owner of its own,
+    # `<process owner>/<n>`, and both share the process part, `host:pid:uuid`
+    # (lease_celery.identity), the pid being the process that ran both bodies.
+    owners = [slept_result["owner"], spun_result["owner"]]
+    assert owners[0] != owners[1], owners
+    parts = [owner.rsplit("/", 1) for owner in owners]
+    assert parts[0][0] == parts[1][0] and all(n.isdigit() for _, n in parts), owners
+    pids = {s["pid"] for job in (sleeper, spinner)
+            for s in workers.journal.events("body_start", job_id=job)}
+    assert [str(pid) for pid in pids] == [parts[0][0].split(":")[-2]], (owners, pids)
     time.sleep(1.0)  # a second run, if anything expired, would start now
     for job in (sleeper, spinner):
         assert [s["token"] for s in workers.journal.events("body_start", job_id=job)] == [1]

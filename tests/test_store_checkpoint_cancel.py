@@ -1,11 +1,15 @@
-"""The store side of long work: fenced checkpoints and cancellation, on every store."""
+"""The store side of long work: fenced checkpoints and cancellation, on every store; and the
+task's side of checkpoints, ``self.lease.checkpoint`` (a LeaseHandle on each store)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from lease_celery.errors import CheckpointNotSerializable
-from lease_celery.models import LeaseState
+from lease_celery.errors import CheckpointNotSerializable, LeaseLost
+from lease_celery.handle import LeaseHandle
+from lease_celery.models import Lease, LeaseState
 from lease_celery.stores.base import Store, encode_checkpoint
 from lease_celery.testing import ManualClock
 
@@ -54,6 +58,57 @@ def test_non_json_checkpoints_are_refused_with_a_clear_error() -> None:
         encode_checkpoint({1, 2})
     with pytest.raises(CheckpointNotSerializable, match="float"):
         encode_checkpoint(float("nan"))
+
+
+def _handle(store: Store, lease: Lease | None) -> LeaseHandle:
+    """``self.lease`` as a body sees it: its local deadline a full ttl away (real time), so
+    only the store can tell that the lease was superseded."""
+    assert lease is not None
+    return LeaseHandle(lease, store=store, ttl=10, heartbeat_interval=3,
+                       sent_at=time.monotonic())
+
+
+def test_a_superseded_holders_checkpoint_through_its_handle_raises_lease_lost(
+        store: Store, clock: ManualClock) -> None:
+    """``self.lease.checkpoint`` of a stalled owner whose lease lapsed and was taken over
+    (its own local deadline not passed yet) is refused by the store: ``LeaseLost``, the handle
+    is marked lost with the reason, and the row keeps the new owner's checkpoint."""
+    handle = _handle(store, store.claim("k", owner="w1", ttl=10, task=TASK))
+    handle.checkpoint({"done": 1})
+    assert store.get("k").checkpoint == {"done": 1}  # type: ignore[union-attr]
+    clock.advance(11)  # w1 stalls past its lease
+    second = store.claim("k", owner="w2", ttl=10, task=TASK)
+    assert second is not None and store.checkpoint(second, encode_checkpoint({"done": 2}))
+    held = not handle.lost  # nothing local tells: the store's refusal must
+    assert held
+    with pytest.raises(LeaseLost, match="checkpoint refused"):
+        handle.checkpoint({"done": 9})
+    assert handle.lost and "checkpoint refused" in (handle.lost_reason or "")
+    assert store.get("k").checkpoint == {"done": 2}  # type: ignore[union-attr]
+    assert handle.checkpoint_data == {"done": 1}  # the refused data is nobody's checkpoint
+    with pytest.raises(LeaseLost):  # and every later one is refused before the store
+        handle.checkpoint({"done": 10})
+    assert store.get("k").checkpoint == {"done": 2}  # type: ignore[union-attr]
+
+
+def test_non_json_data_through_the_handle_is_refused_and_nothing_is_written(
+        store: Store) -> None:
+    """``self.lease.checkpoint`` of data that is not strict JSON raises
+    ``CheckpointNotSerializable`` (a TypeError) naming the offending type or value, before any
+    write: the row keeps the last checkpoint and the lease stays held and usable."""
+    handle = _handle(store, store.claim("k", owner="w1", ttl=10, task=TASK))
+    handle.checkpoint({"done": 1})
+    bad = [({"done": 2, "seen": {1, 2}}, "JSON-serializable.*set is not"),
+           ({"done": 2, "ratio": float("nan")}, "JSON-serializable.*float"),
+           ({"done": 2, "at": object()}, "JSON-serializable.*object is not")]
+    for data, problem in bad:
+        with pytest.raises(CheckpointNotSerializable, match=problem):
+            handle.checkpoint(data)
+        assert store.get("k").checkpoint == {"done": 1}  # type: ignore[union-attr]
+        assert handle.checkpoint_data == {"done": 1}
+    assert not handle.lost
+    handle.checkpoint({"done": 2})
+    assert store.get("k").checkpoint == {"done": 2}  # type: ignore[union-attr]
 
 
 def test_cancelling_a_held_key_reaches_its_holder_through_renewals_and_claims(

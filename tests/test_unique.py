@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
 from lease_celery import LeasedTask, open_store
 from lease_celery.errors import ConfigError
@@ -77,6 +78,42 @@ def test_a_deferred_duplicate_of_a_unique_task_still_arrives(workers: WorkerPool
     accepted = first.get(timeout=20)
     assert duplicate.get(timeout=20) == accepted
     assert len(workers.journal.events("body_start", job_id=job)) == 1
+
+
+def test_lease_unique_per_call_when_the_task_option_is_off(sqlite_url: str) -> None:
+    """On a task whose ``lease_unique`` is False (the default), ``apply_async(...,
+    lease_unique=True)`` returns the AsyncResult of the key's holder and publishes nothing;
+    the same call without it (or ``delay``) publishes as usual, as does a unique call for a
+    key nobody holds."""
+    app = Celery("unique-per-call", broker="memory://", set_as_current=False)
+    app.conf.update(lease_store_url=sqlite_url)
+
+    @app.task(bind=True, base=LeasedTask, lease_key="u:{n}", shared=False)
+    def keyed(self: LeasedTask, n: int) -> None: ...
+
+    app.finalize()
+    assert keyed.lease_unique is False
+    published: list[str] = []
+
+    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        if sender == keyed.name:
+            published.append(headers["id"])
+
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        info = {"task": keyed.name, "args": [1], "kwargs": {}, "options": {"task_id": "t-1"}}
+        with open_store(sqlite_url) as store:
+            assert store.claim("u:1", owner="w", ttl=30, task=info) is not None
+        held = keyed.apply_async((1,), lease_unique=True)
+        assert held.id == "t-1" and published == []
+        plain = keyed.apply_async((1,))
+        assert plain.id != "t-1" and published == [plain.id]
+        delayed = keyed.delay(1)
+        assert published == [plain.id, delayed.id]
+        fresh = keyed.apply_async((2,), lease_unique=True)
+        assert published == [plain.id, delayed.id, fresh.id]
+    finally:
+        before_task_publish.disconnect(on_publish)
 
 
 def test_which_rows_stand_for_the_work(sqlite_url: str) -> None:
