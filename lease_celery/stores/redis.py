@@ -51,6 +51,7 @@ from .base import (
     settle_deadline_offset,
 )
 from .queries import load_queries
+from .redis_wire import ScriptCaller
 
 #: Events kept per key, and across keys (``recent_history``), on Redis.
 HISTORY_PER_KEY = 100
@@ -100,6 +101,7 @@ class RedisStore(Store):
         # redis-py's connection pool notices fork() by pid and reconnects in the child.
         self._scripts = {name: self._client.register_script(f"{_PRELUDE}\n{body}")
                          for name, body in _SCRIPTS.items() if name != "clock"}
+        self._caller = ScriptCaller(self._client.connection_pool)
         self._lock = threading.Lock()
 
     @property
@@ -122,7 +124,8 @@ class RedisStore(Store):
         """
         for attempt in (1, 2):
             try:
-                reply = self._scripts[script](keys=keys, args=[self._injected_now(), *args])
+                reply = self._caller.run(self._scripts[script], keys,
+                                         [self._injected_now(), *args])
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if attempt == 2:
                     raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
@@ -442,6 +445,7 @@ class RedisStore(Store):
         return float(self._call("now", [], []))
 
     def close(self) -> None:
+        self._caller.close()
         self._client.close()
 
 
