@@ -10,6 +10,10 @@ in a temporary file, PostgreSQL in a schema of the run's own (dropped after), Re
 under the run's prefix (deleted after). celery-once and celery-singleton lock on the broker's
 Redis (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
 
+What the store's history costs a task: ``--variants plain,sqlite,sqlite-nohistory`` (and
+``postgres-nohistory``) adds the same store in a file or schema of its own, whose history
+triggers are dropped after the warm-up; the run fails if that store still wrote history.
+
 A *batch* is N tasks of one variant and body. The harness publishes all N while that
 variant's worker is paused (SIGSTOP of its process group: it cannot start early and compete
 with the publisher for the two cores), resumes it, and the rate is N divided by the time from
@@ -52,11 +56,20 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 BROKER_DB, STORE_DB = 9, 10
 PG_DSN = "postgresql://127.0.0.1:5432/test"
 
-VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
+#: The variants a run measures by default.
+DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
+#: Also known: a store with its history triggers dropped after the warm-up, so that the same
+#: run measures what the store's history costs a task (``plain,sqlite,sqlite-nohistory``).
+NO_HISTORY = {"sqlite-nohistory": "sqlite", "postgres-nohistory": "postgres"}
+VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY)
 DEFAULT_TASKS = {"noop": 2000, "10ms": 500}
 #: The lease variants, and the environment variable holding each one's store URL.
 STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
-             "redis": "BENCH_REDIS_STORE_URL"}
+             "redis": "BENCH_REDIS_STORE_URL",
+             "sqlite-nohistory": "BENCH_SQLITE_NOHISTORY_URL",
+             "postgres-nohistory": "BENCH_POSTGRES_NOHISTORY_URL"}
+#: The store's history triggers (lease_celery/stores/sql/*.sql, schema 5).
+HISTORY_TRIGGERS = ("lease_celery_history_new_key", "lease_celery_history_transition")
 
 #: Seconds a worker may take to announce it is ready (six booting at once on two cores).
 READY_TIMEOUT = 90.0
@@ -174,6 +187,7 @@ class Run:
         self.id = uuid.uuid4().hex[:10]
         self.prefix = f"bench_{self.id}:"
         self.schema = f"bench_{self.id}"
+        self.schemas = [self.schema, f"{self.schema}_nohistory"]
         self.broker_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{BROKER_DB}"
         self.store_redis_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{STORE_DB}"
         self.env = {
@@ -183,12 +197,16 @@ class Run:
             "BENCH_SQLITE_URL": f"sqlite:///{tmp / 'leases.sqlite3'}"
                                 f"{os.environ.get('BENCH_SQLITE_QUERY', '')}",
             "BENCH_POSTGRES_URL": f"{PG_DSN}?schema={self.schema}",
+            "BENCH_SQLITE_NOHISTORY_URL": f"sqlite:///{tmp / 'leases-nohistory.sqlite3'}"
+                                          f"{os.environ.get('BENCH_SQLITE_QUERY', '')}",
+            "BENCH_POSTGRES_NOHISTORY_URL": f"{PG_DSN}?schema={self.schemas[1]}",
             "BENCH_REDIS_STORE_URL": f"{self.store_redis_url}?prefix={self.prefix}",
         }
         self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=10,
                                           socket_connect_timeout=5, decode_responses=True)
         self.workers: dict[str, Worker] = {}
         self.stores: dict[str, Any] = {}
+        self._history_rows: dict[str, int] = {}  # no-history variant -> entries at the drop
         self.app_module: ModuleType | None = None
         self._batches = 0
 
@@ -211,6 +229,51 @@ class Run:
             self._wait_ready(worker)
         for worker in self.workers.values():
             self._warm_up(worker)
+        for variant in self.variants:
+            if variant in NO_HISTORY:
+                self._drop_history(variant)
+
+    def _drop_history(self, variant: str) -> None:
+        """Drop the history triggers of a no-history variant's store, after the warm-up: every
+        process has opened its store by then (an SQLite store creates missing triggers when
+        it is opened; a PostgreSQL store of the current schema version leaves them alone)."""
+        self._store(variant)  # the harness's own connection, opened before the drop too
+        table = "lease_celery_leases"
+        for trigger in HISTORY_TRIGGERS:
+            if NO_HISTORY[variant] == "sqlite":
+                self._sql(variant, f"DROP TRIGGER IF EXISTS {trigger}")
+            else:
+                self._sql(variant, f'DROP TRIGGER IF EXISTS {trigger} ON '
+                                   f'"{self.schemas[1]}".{table}')
+        self._history_rows[variant] = self._count_history(variant)
+
+    def _sql(self, variant: str, statement: str) -> list[tuple[Any, ...]]:
+        """One statement on a no-history variant's store, on a connection of its own."""
+        if NO_HISTORY[variant] == "sqlite":
+            import sqlite3
+
+            path = self.env[STORE_ENV[variant]].removeprefix("sqlite:///").split("?")[0]
+            with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+                rows = conn.execute(statement).fetchall()
+                conn.commit()
+                return rows
+        import psycopg
+
+        with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as conn:
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    def _count_history(self, variant: str) -> int:
+        schema = "" if NO_HISTORY[variant] == "sqlite" else f'"{self.schemas[1]}".'
+        return int(self._sql(variant, f"SELECT count(*) FROM {schema}lease_celery_history")[0][0])
+
+    def check_no_history(self) -> None:
+        """A no-history variant whose store still wrote history measured nothing: fail."""
+        for variant, before in self._history_rows.items():
+            written = self._count_history(variant) - before
+            if written:
+                raise WorkerFailed(f"{variant}: {written} history entries were written after "
+                                   "its triggers were dropped")
 
     def _spawn(self, variant: str) -> Worker:
         queue = f"bench.{variant}"
@@ -366,14 +429,15 @@ class Run:
                     self._delete(client, [f"{self.prefix}*"])
             except Exception as exc:
                 problems.append(f"store keys: {exc}")
-        if "postgres" in self.variants:
+        if any(v.startswith("postgres") for v in self.variants):
             try:
                 import psycopg
 
                 with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+                    for schema in self.schemas:
+                        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             except Exception as exc:
-                problems.append(f"schema {self.schema}: {exc}")
+                problems.append(f"schemas {self.schemas}: {exc}")
         self.redis.close()
         if problems:
             print("clean-up incomplete: " + "; ".join(problems), file=sys.stderr)
@@ -476,7 +540,7 @@ def check_servers(variants: list[str]) -> None:
         redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=3).ping()
     except redis.RedisError as exc:
         raise SystemExit(f"Redis {REDIS_HOST}:{REDIS_PORT} is not reachable: {exc}") from exc
-    if "postgres" in variants:
+    if any(v.startswith("postgres") for v in variants):
         import psycopg
 
         try:
@@ -522,8 +586,9 @@ def bounded(seconds: float) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated; plain is always run, as the baseline")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma-separated; plain is always run, as the baseline (also "
+                             "known: " + ", ".join(NO_HISTORY) + ")")
     parser.add_argument("--body", default="noop,10ms", help="comma-separated: noop, 10ms")
     parser.add_argument("--tasks", default="noop=2000,10ms=500",
                         help="tasks per batch: N for every body, or noop=N,10ms=M")
@@ -565,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=log, flush=True)
                 rows, batches = measure(run, variants, bodies, tasks, args.rounds, log,
                                         started)
+                run.check_no_history()
         except (WorkerFailed, _Deadline) as exc:
             print(f"benchmark failed: {exc}", file=sys.stderr)
             return 1

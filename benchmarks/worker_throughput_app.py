@@ -38,7 +38,8 @@ from celery import signals as celery_signals
 __all__ = ["BODIES", "VARIANTS", "app", "stats_key", "task_name"]
 
 #: Every variant this module knows, in the order the harness reports them.
-VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
+VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton",
+            "sqlite-nohistory", "postgres-nohistory")
 #: Body name -> seconds the body sleeps (0: returns at once).
 BODIES = {"noop": 0.0, "10ms": 0.01}
 #: Seconds between two copies of a pool process's figures to Redis.
@@ -52,7 +53,11 @@ PREFIX = ENV.get("BENCH_PREFIX", "bench_unset:")
 BROKER_URL = ENV.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 STORE_URLS = {"sqlite": ENV.get("BENCH_SQLITE_URL", ""),
               "postgres": ENV.get("BENCH_POSTGRES_URL", ""),
-              "redis": ENV.get("BENCH_REDIS_STORE_URL", "")}
+              "redis": ENV.get("BENCH_REDIS_STORE_URL", ""),
+              # The same stores with the history triggers dropped after the warm-up (what the
+              # history costs a task: see worker_throughput.py).
+              "sqlite-nohistory": ENV.get("BENCH_SQLITE_NOHISTORY_URL", ""),
+              "postgres-nohistory": ENV.get("BENCH_POSTGRES_NOHISTORY_URL", "")}
 REGISTERED = [v for v in ENV.get("BENCH_VARIANTS", "plain").split(",") if v]
 
 
@@ -114,7 +119,7 @@ def _base_and_options(variant: str) -> tuple[type[Task], dict[str, Any]]:
         from lease_celery import LeasedTask
 
         if not STORE_URLS[variant]:
-            raise RuntimeError(f"BENCH_{variant.upper()}_URL is not set")
+            raise RuntimeError(f"no store URL for the {variant} variant in the environment")
         return LeasedTask, {"lease_key": "bench:{batch}:{i}",
                             "lease_store_url": STORE_URLS[variant]}
     if variant == "once":
