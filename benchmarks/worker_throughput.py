@@ -234,14 +234,17 @@ class Run:
                 self._drop_history(variant)
 
     def _drop_history(self, variant: str) -> None:
-        """Drop the history triggers of a no-history variant's store, after the warm-up: every
-        process has opened its store by then (an SQLite store creates missing triggers when
-        it is opened; a PostgreSQL store of the current schema version leaves them alone)."""
+        """Turn off the history triggers of a no-history variant's store, after the warm-up
+        (a PostgreSQL store of the current schema version never creates them again)."""
         self._store(variant)  # the harness's own connection, opened before the drop too
         table = "lease_celery_leases"
-        for trigger in HISTORY_TRIGGERS:
+        for trigger, event in zip(HISTORY_TRIGGERS, ("INSERT", "UPDATE"), strict=True):
             if NO_HISTORY[variant] == "sqlite":
+                # Every new SQLite connection creates the triggers it does not find (IF NOT
+                # EXISTS): each is replaced by one of the same name that never fires.
                 self._sql(variant, f"DROP TRIGGER IF EXISTS {trigger}")
+                self._sql(variant, f"CREATE TRIGGER {trigger} AFTER {event} ON {table} "
+                                   "WHEN 0 BEGIN SELECT 1; END")
             else:
                 self._sql(variant, f'DROP TRIGGER IF EXISTS {trigger} ON '
                                    f'"{self.schemas[1]}".{table}')
@@ -493,7 +496,8 @@ def measure(run: Run, variants: list[str], bodies: list[str], tasks: dict[str, i
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'variant':<10}{'body':<6}{'tasks':>6}{'tasks/s':>10}{'ratio':>7}"
+    width = max([10, *(len(row.variant) + 2 for row in rows)])
+    lines = [f"{'variant':<{width}}{'body':<6}{'tasks':>6}{'tasks/s':>10}{'ratio':>7}"
              f"{'publish/s':>11}  ratios per round"]
     for row in rows:
         if row.ratio_median is None:
@@ -502,7 +506,7 @@ def table(rows: list[Row]) -> str:
             ratio, detail = "1.00", f"baseline, {len(row.rates)} runs, spread {spread:.0%}"
         else:
             ratio, detail = f"{row.ratio_median:.2f}", " ".join(f"{r:.2f}" for r in row.ratios)
-        lines.append(f"{row.variant:<10}{row.body:<6}{row.tasks:>6}{row.rate_median:>10,.0f}"
+        lines.append(f"{row.variant:<{width}}{row.body:<6}{row.tasks:>6}{row.rate_median:>10,.0f}"
                      f"{ratio:>7}{row.publish_median:>11,.0f}  {detail}")
     return "\n".join(lines)
 
