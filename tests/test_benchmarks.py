@@ -77,22 +77,26 @@ def test_heartbeat_cost_benchmark_prints_a_row_per_store_and_loses_nothing() -> 
 
 @pytest.mark.worker
 def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
-    """``benchmarks/worker_throughput.py``, tiny: real prefork workers for plain, SQLite, Redis
-    and PostgreSQL print a rate and a ratio each, and the run leaves no key or schema behind."""
+    """``benchmarks/worker_throughput.py``, tiny: real prefork workers for plain, SQLite, Redis,
+    PostgreSQL and SQLite without history print a rate and a ratio each (the run's own
+    check that the no-history store wrote no history passed), and the run leaves no key or
+    schema behind."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
     # --deadline below the subprocess timeout: the harness stops and cleans up by itself
     # first (and its workers die with it even if it is killed).
     run = subprocess.run([sys.executable, "benchmarks/worker_throughput.py",
-                          "--variants", "plain,sqlite,redis,postgres", "--body", "noop",
+                          "--variants", "plain,sqlite,redis,postgres,sqlite-nohistory",
+                          "--body", "noop",
                           "--tasks", "50", "--rounds", "1", "--deadline", "100"],
                          cwd=REPO, capture_output=True, text=True, timeout=150)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3)))
-            for m in re.finditer(r"^(plain|sqlite|redis|postgres)\s+noop\s+50\s+([\d,]+)"
-                                 r"\s+([\d.]+)\s", run.stdout, re.MULTILINE)}
-    assert set(rows) == {"plain", "sqlite", "redis", "postgres"}, run.stdout
+            for m in re.finditer(r"^(plain|sqlite(?:-nohistory)?|redis|postgres)\s+noop\s+50"
+                                 r"\s+([\d,]+)\s+([\d.]+)\s", run.stdout, re.MULTILINE)}
+    assert set(rows) == {"plain", "sqlite", "redis", "postgres", "sqlite-nohistory"}, \
+        run.stdout
     assert all(rate > 0 and ratio > 0 for rate, ratio in rows.values()), run.stdout
 
     found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
@@ -109,9 +113,9 @@ def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
         assert not list(client.scan_iter(f"{prefix}:*")), f"keys left in db {db}"
         assert not list(client.scan_iter(f"qo_*{found.group(1)}*"))
     with psycopg.connect(worker_throughput.PG_DSN) as conn:
-        left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
-                            (prefix,)).fetchone()
-    assert left is None, f"schema {prefix} left behind"
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (f"{prefix}%",)).fetchall()
+    assert not left, f"schemas left behind: {left}"
 
 
 def test_scale_benchmark_runs_tiny_on_every_store_and_cleans_up() -> None:
