@@ -127,15 +127,14 @@ def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None
 @click.pass_obj
 def show(ctx: Context, key: str) -> None:
     """Show one lease's full record."""
-    with ctx.store() as store:
+    with ctx.store() as store:  # one connection for the record and its history
         record = store.get(key)
         now = store.now()
+        recent = [] if record is None else store.history(key, limit=SHOW_HISTORY)
     if record is None:
         _fail(ctx, f"no lease for key {key!r}")
     assert record is not None
     data = _record_dict(record)
-    with ctx.store() as store:
-        recent = store.history(key, limit=SHOW_HISTORY)
     data["history"] = [asdict(entry) for entry in recent]
     text = "\n".join(f"{name:>11}: {_show_value(name, value, now)}"
                      for name, value in data.items() if name != "history")
