@@ -238,33 +238,43 @@ class Run:
         (a PostgreSQL store of the current schema version never creates them again)."""
         self._store(variant)  # the harness's own connection, opened before the drop too
         table = "lease_celery_leases"
+        statements = []
         for trigger, event in zip(HISTORY_TRIGGERS, ("INSERT", "UPDATE"), strict=True):
             if NO_HISTORY[variant] == "sqlite":
                 # Every new SQLite connection creates the triggers it does not find (IF NOT
-                # EXISTS): each is replaced by one of the same name that never fires.
-                self._sql(variant, f"DROP TRIGGER IF EXISTS {trigger}")
-                self._sql(variant, f"CREATE TRIGGER {trigger} AFTER {event} ON {table} "
-                                   "WHEN 0 BEGIN SELECT 1; END")
+                # EXISTS): each is replaced by one of the same name that never fires, in one
+                # transaction (a connection opened in between would find none).
+                statements += [f"DROP TRIGGER IF EXISTS {trigger}",
+                               f"CREATE TRIGGER {trigger} AFTER {event} ON {table} "
+                               "WHEN 0 BEGIN SELECT 1; END"]
             else:
-                self._sql(variant, f'DROP TRIGGER IF EXISTS {trigger} ON '
-                                   f'"{self.schemas[1]}".{table}')
+                statements.append(f'DROP TRIGGER IF EXISTS {trigger} ON '
+                                  f'"{self.schemas[1]}".{table}')
+        self._sql(variant, *statements)
         self._history_rows[variant] = self._count_history(variant)
 
-    def _sql(self, variant: str, statement: str) -> list[tuple[Any, ...]]:
-        """One statement on a no-history variant's store, on a connection of its own."""
+    def _sql(self, variant: str, *statements: str) -> list[tuple[Any, ...]]:
+        """Statements on a no-history variant's store, in one transaction on a connection of
+        its own; the last one's rows."""
+        rows: list[tuple[Any, ...]] = []
         if NO_HISTORY[variant] == "sqlite":
             import sqlite3
 
             path = self.env[STORE_ENV[variant]].removeprefix("sqlite:///").split("?")[0]
-            with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
-                rows = conn.execute(statement).fetchall()
-                conn.commit()
-                return rows
+            with contextlib.closing(sqlite3.connect(path, timeout=30,
+                                                    isolation_level=None)) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in statements:
+                    rows = conn.execute(statement).fetchall()
+                conn.execute("COMMIT")
+            return rows
         import psycopg
 
-        with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as conn:
-            cursor = conn.execute(statement)
-            return cursor.fetchall() if cursor.description else []
+        with psycopg.connect(PG_DSN, connect_timeout=5) as conn:  # commits on leaving
+            for statement in statements:
+                cursor = conn.execute(statement)
+                rows = cursor.fetchall() if cursor.description else []
+        return rows
 
     def _count_history(self, variant: str) -> int:
         schema = "" if NO_HISTORY[variant] == "sqlite" else f'"{self.schemas[1]}".'

@@ -3,13 +3,19 @@ a lost script cache, killed connections, error replies and fork each leave the s
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 import time
 import uuid
+from typing import Any
 
+import pytest
 import redis
 
 from lease_celery.errors import StoreError
+from lease_celery.stores import redis_wire
 from lease_celery.stores.base import open_store
 
 
@@ -32,21 +38,73 @@ def test_a_flushed_script_cache_is_loaded_again(redis_store_url: str) -> None:
         assert store.finish(lease, {"ok": 1}) is True
 
 
-def test_killed_connections_are_replaced_not_reused(redis_store_url: str) -> None:
+def _idle_connections(store: Any, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave at least ``count`` idle connections in the store's script caller: calls from
+    that many threads at once, each holding its connection until all have one."""
+    barrier = threading.Barrier(count)
+    real = redis_wire._evalsha
+
+    def held(*args: Any) -> Any:
+        reply = real(*args)
+        barrier.wait(timeout=10)  # the connection is given back only once all have one
+        return reply
+
+    def claim(i: int) -> None:
+        store.claim(f"wire:idle:{i}:{uuid.uuid4().hex}", owner="w", ttl=30)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(redis_wire, "_evalsha", held)
+        threads = [threading.Thread(target=claim, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+    assert len(store._caller._idle) >= count  # precondition
+
+
+def _kill(admin: redis.Redis, name: str) -> set[int]:
+    killed = {c["id"] for c in admin.client_list() if c.get("name") == name}
+    assert killed, "the store kept no connection of its own"
+    for client_id in killed:
+        admin.client_kill_filter(_id=client_id)
+    return killed
+
+
+def test_killed_idle_connections_are_replaced_not_reused(
+        redis_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three idle connections die together (a server restart, an idle timeout): the next
+    call's re-send goes out on a fresh connection, not on the next dead one, so it
+    succeeds; the connections that replace them are new ones."""
     name = f"wire{uuid.uuid4().hex[:8]}"
+    admin = _admin(redis_store_url)
     with open_store(_named(redis_store_url, name)) as store:
-        assert store.claim("wire:warm", owner="w", ttl=30) is not None
-        admin = _admin(redis_store_url)
-        for _ in range(3):  # each time: the store's connection dies under it, idle
-            killed = [c["id"] for c in admin.client_list() if c.get("name") == name]
-            assert killed, "the store kept no connection of its own"
-            for client_id in killed:
-                admin.client_kill_filter(_id=client_id)
+        for _ in range(2):
+            _idle_connections(store, 3, monkeypatch)
+            killed = _kill(admin, name)
             lease = store.claim(f"wire:{uuid.uuid4().hex}", owner="w", ttl=30)
             assert lease is not None and lease.token == 1
             assert store.finish(lease, None) is True
             alive = {c["id"] for c in admin.client_list() if c.get("name") == name}
-            assert alive and not alive & set(killed)
+            assert alive and not alive & killed
+
+
+def test_a_connection_idle_for_long_is_checked_before_use(
+        redis_store_url: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection idle past CHECK_IDLE_AFTER is polled before it is used: one the server
+    closed meanwhile is reconnected first, so the call does not even fail once (no
+    "sending again")."""
+    monkeypatch.setattr(redis_wire, "CHECK_IDLE_AFTER", 0.0)
+    name = f"wire{uuid.uuid4().hex[:8]}"
+    admin = _admin(redis_store_url)
+    with open_store(_named(redis_store_url, name)) as store:
+        assert store.claim("wire:warm", owner="w", ttl=30) is not None
+        _kill(admin, name)
+        time.sleep(0.1)  # the server's close has reached the client's socket
+        with caplog.at_level(logging.WARNING, logger="lease_celery.stores.redis"):
+            lease = store.claim(f"wire:{uuid.uuid4().hex}", owner="w", ttl=30)
+        assert lease is not None and lease.token == 1
+        assert "sending again" not in caplog.text
 
 
 def test_an_error_reply_leaves_the_next_call_in_step(redis_store_url: str) -> None:
@@ -95,6 +153,19 @@ def test_a_forked_child_never_shares_the_parents_connections(redis_store_url: st
                 renewed = store.renew(mine, ttl=30)
                 assert renewed is not None and 20 < renewed.expires_at - time.time() < 40
         finally:
-            os.waitpid(pid, 0)
+            _reap(pid)
         with os.fdopen(read_end) as pipe:
             assert pipe.read() == "ok"
+
+
+def _reap(pid: int, timeout: float = 30.0) -> None:
+    """Wait for the child, and kill it past ``timeout``: a child stuck (a lock held at fork
+    time) must fail the test, not hang the run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child did not finish within {timeout}s")

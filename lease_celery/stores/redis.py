@@ -98,7 +98,8 @@ class RedisStore(Store):
                 decode_responses=True, retry=Retry(NoBackoff(), 0))
         except ValueError as exc:
             raise ConfigError(f"redis lease store URL {url!r}: {exc}") from exc
-        # redis-py's connection pool notices fork() by pid and reconnects in the child.
+        # After fork() the child makes connections of its own: redis-py's pool notices by pid
+        # (the operator commands' calls), and so does the script caller (redis_wire).
         self._scripts = {name: self._client.register_script(f"{_PRELUDE}\n{body}")
                          for name, body in _SCRIPTS.items() if name != "clock"}
         self._caller = ScriptCaller(self._client.connection_pool)

@@ -13,11 +13,18 @@ What it drops does not apply here: the store retries a dropped connection itself
 re-sent write may already have run (``RedisStore._call``), so redis-py's retry is off anyway.
 A connection is reused only after a complete reply; on any error it is closed, never reused,
 so no half-read reply can be mistaken for the next call's.
+
+What redis-py's per-checkout poll also did is kept where it matters: a connection idle for
+more than ``CHECK_IDLE_AFTER`` is polled before use (a server restart, its idle ``timeout``, or
+a proxy reaping quiet sockets close idle connections without a word), and a connection error
+drops every idle connection, which most likely died with it: the store's one re-send then goes
+out on a fresh connection.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +32,11 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-__all__ = ["ScriptCaller"]
+__all__ = ["CHECK_IDLE_AFTER", "ScriptCaller"]
+
+#: Seconds a connection may sit idle and still be used without polling it first. A busy
+#: worker reuses its connections within milliseconds: the poll, a syscall, is then skipped.
+CHECK_IDLE_AFTER = 1.0
 
 
 class ScriptCaller:
@@ -34,30 +45,53 @@ class ScriptCaller:
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self._pool = pool
         self._pid = os.getpid()
-        self._idle: list[Any] = []
+        self._idle: list[tuple[Any, float]] = []  # (connection, monotonic time it came back)
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``EVALSHA`` of ``script``; loads it first if the server lost it (a restart, or
         ``SCRIPT FLUSH``). Raises redis-py's errors, as ``Script.__call__`` would."""
-        if self._pid != os.getpid():
-            # A forked child: the parent's sockets are the parent's (it may be using them).
-            self._pid, self._idle = os.getpid(), []
-        try:
-            connection = self._idle.pop()
-        except IndexError:
-            connection = self._pool.connection_class(**self._pool.connection_kwargs)
+        connection = self._checkout()
         try:
             reply = _evalsha(connection, script, keys, args)
-        except BaseException:
+        except BaseException as exc:
             connection.disconnect()
+            if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self.close()  # the idle ones most likely died with it
             raise
-        self._idle.append(connection)
+        self._idle.append((connection, time.monotonic()))
         return reply
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        for connection in idle:
+        for connection, _ in idle:
             connection.disconnect()
+
+    def _checkout(self) -> Any:
+        pid = os.getpid()
+        if self._pid != pid:
+            # A forked child: the parent's sockets are the parent's (it may be using them).
+            # The list first, then the pid: a thread that sees the new pid sees the new list.
+            self._idle = []
+            self._pid = pid
+        while True:
+            try:
+                connection, since = self._idle.pop()
+            except IndexError:
+                return self._pool.connection_class(**self._pool.connection_kwargs)
+            if connection.pid != pid:
+                continue  # the parent's, taken before the list was replaced: never ours
+            if time.monotonic() - since > CHECK_IDLE_AFTER and _closed(connection):
+                connection.disconnect()  # the next command connects it again
+            return connection
+
+
+def _closed(connection: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it (or sent
+    something nobody asked for): either way it cannot be used as it is."""
+    try:
+        return bool(connection.can_read(timeout=0))
+    except (redis.ConnectionError, OSError):
+        return True
 
 
 def _evalsha(connection: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
