@@ -260,7 +260,7 @@ class Run:
         if NO_HISTORY[variant] == "sqlite":
             import sqlite3
 
-            path = self.env[STORE_ENV[variant]].removeprefix("sqlite:///").split("?")[0]
+            path = self._store(variant).path  # the file the store's URL names
             with contextlib.closing(sqlite3.connect(path, timeout=30,
                                                     isolation_level=None)) as conn:
                 conn.execute("BEGIN IMMEDIATE")

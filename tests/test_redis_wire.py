@@ -17,11 +17,14 @@ import redis
 from lease_celery.errors import StoreError
 from lease_celery.stores import redis_wire
 from lease_celery.stores.base import open_store
+from tests.servers import REDIS_STORE_URL
 
 
 def _admin(url: str) -> redis.Redis:
-    """A plain client on the store's server and database."""
-    return redis.Redis.from_url(url.split("?")[0])
+    """A plain client on the store's server and database (every test store URL names
+    REDIS_STORE_URL's, with a prefix of its own)."""
+    assert url.startswith(REDIS_STORE_URL + "?"), url
+    return redis.Redis.from_url(REDIS_STORE_URL)
 
 
 def _named(url: str, name: str) -> str:
