@@ -10,6 +10,7 @@ again until ``reconnect_timeout`` runs out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
 from ..models import (
@@ -42,6 +43,7 @@ from .base import (
     check_limit,
     check_owner,
     check_ttl,
+    choice_option,
     decode_result,
     decode_task,
     encode_result,
@@ -50,13 +52,17 @@ from .base import (
     lease_not_current,
     lease_params,
     number_option,
+    server_address,
     settle_deadline_offset,
+    url_options,
+    whole_option,
 )
 from .queries import load_queries
 
 try:
     import psycopg
     import psycopg_pool
+    from psycopg.conninfo import conninfo_to_dict
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigError(
         "the PostgreSQL lease store needs psycopg 3 and psycopg_pool: "
@@ -72,6 +78,7 @@ _INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touc
 
 #: URL options that configure the store rather than the connection.
 _OPTIONS = {"schema": "public", "pool_max": "4", "reconnect_timeout": "10"}
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 class PostgresStore(Store):
@@ -79,30 +86,43 @@ class PostgresStore(Store):
 
     URL options besides libpq's own: ``schema`` (default ``public``), ``pool_max`` (default 4
     connections per process), ``reconnect_timeout`` (seconds, default 10). ``connect_timeout``
-    defaults to 5 seconds.
+    defaults to 5 seconds. Any other option, or one given twice, is a ``ConfigError`` naming
+    it, raised without connecting.
     """
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock
         parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        self._where = server_address("postgres", parts, 5432)
+        shown = f"postgresql://{self._where}"  # messages never show the password
+        query = url_options("postgres", parts, shown, _OPTIONS, passed_on=_libpq_options(),
+                            passed_to="libpq")
         options = {name: query.pop(name, default) for name, default in _OPTIONS.items()}
+        # The libpq options a store relies on are checked here rather than at the first
+        # connection, so that check_url (a host that only publishes tasks) refuses them too.
         query.setdefault("connect_timeout", "5")
+        whole_option("postgres", "connect_timeout", query["connect_timeout"], minimum=0)
+        if "sslmode" in query:
+            query["sslmode"] = choice_option("postgres", "sslmode", query["sslmode"], _SSLMODES)
         self.schema = options["schema"]
         if not self.schema.replace("_", "").isalnum():
             raise ConfigError(f"postgres URL option schema={self.schema!r} must be a plain "
                               "identifier (letters, digits, underscores)")
-        self.pool_max = _int_option(url, "pool_max", options["pool_max"])
+        self.pool_max = whole_option("postgres", "pool_max", options["pool_max"], minimum=1)
         self.reconnect_timeout = check_ttl(
-            number_option(url, "reconnect_timeout", options["reconnect_timeout"], 10.0),
+            number_option(shown, "reconnect_timeout", options["reconnect_timeout"], 10.0),
             name="postgres reconnect_timeout")
         scheme = "postgresql"
         # quote, not quote_plus: libpq does not read "+" as a space (options=-c%20name%3Dvalue).
         self._conninfo = urlunsplit((scheme, parts.netloc, parts.path,
                                      urlencode(query, quote_via=quote),
                                      parts.fragment))
-        self._where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or ''}"
+        try:
+            conninfo_to_dict(self._conninfo)  # libpq's own parser: no connection is made
+        except psycopg.Error as exc:
+            raise ConfigError(f"postgres lease store URL {shown!r} is not usable: {exc}"
+                              ) from exc
         quoted = '"' + self.schema + '"'
         self._q = {name: sql.replace("{schema}", quoted)
                    for name, sql in load_queries("postgres").items()}
@@ -485,20 +505,19 @@ class PostgresStore(Store):
 
     def _verify(self, conn: psycopg.Connection[Any], lease: Lease, params: dict[str, Any],
                 when: str) -> None:
-        if conn.execute(self._q["lock_current"], self._params(**params)).fetchone() is None:
+        try:
+            row = conn.execute(self._q["lock_current"], self._params(**params)).fetchone()
+        except psycopg.Error as exc:
+            raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
+        if row is None:
             raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
                             f"is not current {when}; nothing was committed")
 
 
-def _int_option(url: str, name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"postgres URL option {name}={raw!r} in {url!r} must be a whole "
-                          "number >= 1")
-    return value
+@functools.cache
+def _libpq_options() -> frozenset[str]:
+    """The connection parameters the libpq in use knows (a newer libpq knows more)."""
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
 
 
 def _record(row: Sequence[Any]) -> LeaseRecord:

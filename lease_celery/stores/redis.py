@@ -17,8 +17,9 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
 from ..identity import owned_by
@@ -48,9 +49,11 @@ from .base import (
     fence_params,
     lease_not_current,
     lease_params,
+    server_address,
     settle_deadline_offset,
 )
 from .queries import load_queries
+from .redis_options import connection_options
 from .redis_wire import ScriptCaller
 
 #: Events kept per key, and across keys (``recent_history``), on Redis.
@@ -77,27 +80,28 @@ _PRELUDE = (_SCRIPTS["clock"].replace("__HISTORY_PER_KEY__", str(HISTORY_PER_KEY
 class RedisStore(Store):
     """Lease store on Redis (``redis://host:port/db``, ``rediss://`` for TLS).
 
-    URL options besides redis-py's own: ``prefix`` (default ``lease_celery:``).
-    ``socket_connect_timeout`` and ``socket_timeout`` default to 5 seconds.
+    URL options: ``prefix`` (default ``lease_celery:``), and the redis-py connection options
+    the store hands on: ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default
+    5), ``socket_keepalive``, ``health_check_interval``, ``client_name``, ``db``, and on
+    ``rediss://`` the ``ssl_*`` ones (``ssl_cert_reqs``, ``ssl_ca_certs``, ...). Any other
+    option, or one given twice, is a ``ConfigError`` naming it, raised without connecting:
+    the store sets the others itself (``decode_responses``, its retry) or cannot honour them.
     """
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock
         parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        self.prefix = query.pop("prefix", "lease_celery:")
-        query.setdefault("socket_connect_timeout", "5")
-        query.setdefault("socket_timeout", "5")
-        self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+        self._where = server_address("redis", parts, 6379)
+        self.prefix, connection = connection_options(parts, f"{parts.scheme}://{self._where}")
         try:
             # redis-py would silently re-send after a dropped connection; _call does it instead,
             # knowing that a re-sent write may be judged against the first one's effect.
             self._client = redis.Redis.from_url(
-                urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), "")),
-                decode_responses=True, retry=Retry(NoBackoff(), 0))
+                urlunsplit((parts.scheme, parts.netloc, "", "", "")),
+                decode_responses=True, retry=Retry(NoBackoff(), 0), **connection)
         except ValueError as exc:
-            raise ConfigError(f"redis lease store URL {url!r}: {exc}") from exc
+            raise ConfigError(f"redis lease store URL for {self._where}: {exc}") from exc
         # After fork() the child makes connections of its own: redis-py's pool notices by pid
         # (the operator commands' calls), and so does the script caller (redis_wire).
         self._scripts = {name: self._client.register_script(f"{_PRELUDE}\n{body}")
@@ -112,6 +116,15 @@ class RedisStore(Store):
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.prefix}lease:{key}", f"{self.prefix}token:{key}"]
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """redis-py's errors as ``StoreError`` naming the server: every call the store makes
+        on its client runs in here (scripts run through ``_call``, which does the same)."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
 
     def _injected_now(self) -> str:
         return "" if self._clock is None else repr(float(self._clock()))
@@ -158,12 +171,10 @@ class RedisStore(Store):
     def _claimed_by(self, key: str, owner: str, nonce: str,
                     state: str | None = "running") -> list[str] | None:
         """Does the row carry this claim call's nonce (``state``: and that state)?"""
-        try:
+        with self._errors():
             fields = self._client.hmget(self._keys(key)[0], [
                 "state", "owner", "nonce", "token", "expires_at", "fence", "attempts",
                 "takeovers", "cancel"])
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         row_state, row_owner, row_nonce, *rest = (
             str(v) if v is not None else None for v in fields)
         if (row_owner, row_nonce) != (owner, nonce) or (state is not None and row_state != state):
@@ -261,11 +272,9 @@ class RedisStore(Store):
         """Every lease key in the store (its hash names, prefix stripped)."""
         head = f"{self.prefix}lease:"
         pattern = "".join(f"[{c}]" if c in "*?[]\\" else c for c in head) + "*"
-        try:
+        with self._errors():
             for name in self._client.scan_iter(match=pattern, count=500):
                 yield str(name)[len(head):]
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
 
     def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
              owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
@@ -331,10 +340,8 @@ class RedisStore(Store):
         self._call("history_append", [f"{self.prefix}history"], args)
 
     def _history_list(self, name: str, start: int, end: int) -> list[HistoryEntry]:
-        try:
+        with self._errors():
             items = self._client.lrange(name, start, end)
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         return [HistoryEntry(**json.loads(item)) for item in items]
 
     def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
@@ -359,10 +366,8 @@ class RedisStore(Store):
 
     def get(self, key: str) -> LeaseRecord | None:
         key = check_key(key)
-        try:
+        with self._errors():
             fields = self._client.hgetall(self._keys(key)[0])
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         if not fields:
             return None
         row = {str(k): str(v) for k, v in fields.items()}  # decode_responses: already str
@@ -399,10 +404,8 @@ class RedisStore(Store):
         return bool(int(reply) == 1)
 
     def effect_get(self, key: str) -> Receipt | None:
-        try:
+        with self._errors():
             row = self._client.hgetall(self._effect_key(key)[0])
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         if not row:
             return None
         f = {str(k): str(v) for k, v in row.items()}
@@ -421,10 +424,8 @@ class RedisStore(Store):
         wanted = None if state is None else EffectState(state)
         head = f"{self.prefix}effect:"
         pattern = "".join(f"[{c}]" if c in "*?[]\\" else c for c in head) + "*"
-        try:
+        with self._errors():
             names = [str(name) for name in self._client.scan_iter(match=pattern, count=500)]
-        except redis.RedisError as exc:
-            raise StoreError(f"redis lease store at {self._where}: {exc}") from exc
         receipts = [receipt for name in names
                     if (receipt := self.effect_get(name[len(head):])) is not None
                     and (wanted is None or receipt.state is wanted)]
@@ -463,3 +464,4 @@ def _task(row: dict[str, str]) -> dict[str, Any] | None:
     if "task_id" in row:
         return {"options": {"task_id": row["task_id"]}}
     return None
+

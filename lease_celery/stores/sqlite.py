@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
 from ..models import (
@@ -52,6 +52,7 @@ from .base import (
     lease_params,
     number_option,
     settle_deadline_offset,
+    url_options,
 )
 from .queries import load_queries
 
@@ -107,7 +108,7 @@ class SQLiteStore(Store):
                 f"sqlite URL {url!r} names a host ({parts.netloc!r}); use sqlite:///relative/path"
                 " or sqlite:////absolute/path (SQLite files must be local to this machine)"
             )
-        options = dict(parse_qsl(parts.query, keep_blank_values=True))
+        options = url_options("sqlite", parts, url, ("busy_timeout", "synchronous"))
         busy_timeout = check_ttl(
             number_option(url, "busy_timeout", options.pop("busy_timeout", None), 10.0),
             name="sqlite busy_timeout")
@@ -115,9 +116,6 @@ class SQLiteStore(Store):
         if synchronous not in ("full", "normal"):
             raise ConfigError(f"sqlite URL option synchronous={synchronous!r} in {url!r} must "
                               "be full or normal")
-        if options:
-            raise ConfigError(f"unknown sqlite URL option(s) {sorted(options)} in {url!r}; "
-                              "known: busy_timeout, synchronous")
         # sqlite:///rel -> path "/rel" -> "rel"; sqlite:////abs -> "//abs" -> "/abs".
         path = unquote(parts.path)[1:] if parts.path else ""
         if not path or path == ":memory:":
@@ -528,7 +526,10 @@ class SQLiteStore(Store):
                 self._verify(conn, lease, params, "before the fenced writes")
                 yield conn
                 self._verify(conn, lease, params, "at commit")
-                conn.execute("COMMIT")
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -541,7 +542,10 @@ class SQLiteStore(Store):
 
     def _verify(self, conn: sqlite3.Connection, lease: Lease, params: dict[str, Any],
                 when: str) -> None:
-        row = conn.execute(_Q["check_current"], {**params, "now": self._now()}).fetchone()
+        try:
+            row = conn.execute(_Q["check_current"], {**params, "now": self._now()}).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
         if row is None:
             raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
                             f"is not current {when}; nothing was committed")
