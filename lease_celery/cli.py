@@ -6,16 +6,17 @@ Exit codes: 0 done; 1 the key is missing or not in a state that allows the actio
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import re
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -23,9 +24,9 @@ from .delivery import republish
 from .doctor import diagnose
 from .errors import ConfigError, LeaseError
 from .models import HistoryEntry, LeaseRecord, LeaseState
-from .settings import resolve_settings
+from .settings import store_url_of
 from .stores.base import Store, open_store
-from .sweeper import sweep
+from .sweeper import sweep_report
 
 __all__ = ["leases", "main"]
 
@@ -41,28 +42,92 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT[match.group(2)]
 
 
-class Context:
-    """What every sub-command needs: the app (if any) and the store URL."""
+#: The refusal when no app is named (Celery's program then hands over its default app).
+NO_APP = ("name the app: celery -A APP leases … (or python -m lease_celery -A APP …); "
+          "without it nothing is read, written or published")
 
-    def __init__(self, app: Any, store_url: str | None, as_json: bool) -> None:
-        self.app, self.as_json = app, as_json
-        self._store_url = store_url
+
+class Context:
+    """What every sub-command needs: the app, the store URL and the output format.
+
+    ``--store`` and ``--json`` may be given before or after the sub-command (the one after
+    wins); ``load_error`` is why the app module did not import (``doctor`` reports it)."""
+
+    def __init__(self, app: Any, store_url: str | None, as_json: bool,
+                 load_error: BaseException | None = None, refusal: str | None = None) -> None:
+        self.app, self.as_json, self.load_error = app, as_json, load_error
+        self.store_override = store_url
+        #: Why no command may run (no app named, or it did not import); said as the command
+        #: starts, after its options are parsed, so ``COMMAND --help`` still helps.
+        self.refusal = refusal
 
     @property
     def store_url(self) -> str:
-        if self._store_url:
-            return self._store_url
-        if self.app is None:
-            raise click.UsageError("name the app (-A proj) or the store (--store URL)")
-        return resolve_settings(self.app).store_url
+        if self.store_override:
+            return self.store_override
+        try:
+            return store_url_of(self.app)
+        except ConfigError as exc:
+            _refuse(f"{exc} (celery leases doctor explains the app's settings)")
 
     @contextmanager
     def store(self) -> Iterator[Store]:
+        url = self.store_url
         try:
-            with open_store(self.store_url) as store:
+            with open_store(url) as store:
                 yield store
+        except ConfigError as exc:
+            _refuse(str(exc))
         except LeaseError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(_one_line(str(exc))) from exc
+
+
+def _refuse(message: str) -> NoReturn:
+    """Bad usage: one line on stderr, exit 2, nothing done."""
+    click.echo(f"Error: {_one_line(message)}", err=True)
+    sys.exit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _printable(value: object) -> str:
+    """``value`` as text a terminal shows as it is: control and format characters (newline,
+    tab, escape, bidi overrides) escaped, so a key cannot break a table or restyle the
+    terminal."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+def _set_store(click_ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value and isinstance(click_ctx.obj, Context):
+        click_ctx.obj.store_override = value
+
+
+def _set_json(click_ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value and isinstance(click_ctx.obj, Context):
+        click_ctx.obj.as_json = True
+
+
+def _common(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Every command: refused (one line, exit 2) when no app was named, before its body reads,
+    writes or publishes anything; ``--store`` and ``--json`` after the sub-command too
+    (``show KEY --json``)."""
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        context = click.get_current_context().find_object(Context)
+        if context is not None and context.refusal:
+            _refuse(context.refusal)
+        return command(*args, **kwargs)
+
+    with_json = click.option("--json", "as_json", is_flag=True, expose_value=False,
+                             callback=_set_json, help="Print JSON for scripts.")(guarded)
+    return click.option("--store", metavar="URL", expose_value=False, callback=_set_store,
+                        help="Lease store URL (default: the app's lease_store_url).")(with_json)
 
 
 #: History entries ``show`` prints.
@@ -92,10 +157,38 @@ def _emit(ctx: Context, data: Any, text: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def leases(click_ctx: click.Context, store_url: str | None, as_json: bool) -> None:
-    """See and act on lease_celery leases."""
-    celery_ctx = click_ctx.obj
-    app = getattr(celery_ctx, "app", None) if celery_ctx is not None else None
-    click_ctx.obj = Context(app, store_url, as_json)
+    """See and act on lease_celery leases (name the app: celery -A APP leases …)."""
+    _start(click_ctx, store_url, as_json)
+
+
+def _start(click_ctx: click.Context, store_url: str | None, as_json: bool) -> None:
+    """The Context of the command: refused without an app, or with one that did not import
+    (but for doctor, which reports that)."""
+    app, load_error = _named_app(click_ctx)
+    refusal = None
+    if load_error is not None and click_ctx.invoked_subcommand != "doctor":
+        refusal = str(load_error)
+    elif app is None and load_error is None:
+        refusal = NO_APP
+    click_ctx.obj = Context(app, store_url, as_json, load_error, refusal)
+
+
+def _named_app(click_ctx: click.Context) -> tuple[Any, BaseException | None]:
+    """The app the user named, or None; and why it did not import (``python -m``).
+
+    Celery's program hands every command its default app when no ``-A`` was given: that
+    app is never the user's, so it counts as none."""
+    from celery import _state
+
+    obj = click_ctx.obj
+    load_error = getattr(obj, "load_error", None)
+    app = getattr(obj, "app", None) if obj is not None else None
+    parent = click_ctx.parent
+    if parent is not None and "app" in parent.params and parent.params["app"] is None:
+        return None, load_error  # celery's program, no -A (nor $APP)
+    if app is None or app is _state.default_app:
+        return None, load_error
+    return app, load_error
 
 
 @leases.command(name="list")
@@ -104,6 +197,7 @@ def leases(click_ctx: click.Context, store_url: str | None, as_json: bool) -> No
 @click.option("--owner", help="Only leases of this owner: an execution (hostname:pid:uuid/n) "
               "or every execution of a process (hostname:pid:uuid).")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@_common
 @click.pass_obj
 def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None,
           limit: int) -> None:
@@ -112,9 +206,9 @@ def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None
         records = store.find(state=None if state is None else LeaseState(state), prefix=prefix,
                              owner=owner, limit=limit)
         now = store.now()
-    rows = [(r.key, r.state.value, str(r.token), f"{r.attempts}/{r.takeovers}",
+    rows = [(_printable(r.key), r.state.value, str(r.token), f"{r.attempts}/{r.takeovers}",
              _age(r.expires_at, now) if r.state is LeaseState.RUNNING else "-",
-             r.owner or "-") for r in records]
+             _printable(r.owner or "-")) for r in records]
     header = ("KEY", "STATE", "TOKEN", "TRIES/TAKEOVERS", "EXPIRES", "OWNER")
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -124,6 +218,7 @@ def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None
 
 @leases.command()
 @click.argument("key")
+@_common
 @click.pass_obj
 def show(ctx: Context, key: str) -> None:
     """Show one lease's full record."""
@@ -146,6 +241,7 @@ def show(ctx: Context, key: str) -> None:
 @leases.command()
 @click.argument("key")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@_common
 @click.pass_obj
 def history(ctx: Context, key: str, limit: int) -> None:
     """Everything that happened to one key, oldest first: claims, takeovers, lapses,
@@ -164,7 +260,7 @@ def _history_line(entry: HistoryEntry, now: float) -> str:
     who = "" if entry.owner is None else f" by {entry.owner}"
     token = "" if entry.token is None else f" token {entry.token}"
     detail = "" if entry.detail is None else f": {entry.detail}"
-    return f"{when} UTC ({_age(entry.at, now)}) {entry.event}{token}{who}{detail}"
+    return _printable(f"{when} UTC ({_age(entry.at, now)}) {entry.event}{token}{who}{detail}")
 
 
 def _operator(ctx: Context, store: Store, key: str, action: str, detail: str) -> None:
@@ -178,13 +274,14 @@ def _show_value(name: str, value: Any, now: float) -> str:
         return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(value))} UTC " \
                f"({_age(value, now)})"
     if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return "-" if value is None else str(value)
+        return json.dumps(value, sort_keys=True)  # JSON escapes control characters itself
+    return "-" if value is None else _printable(value)
 
 
 @leases.command()
 @click.argument("key")
 @click.option("--reason", default="released by an operator", show_default=True)
+@_common
 @click.pass_obj
 def release(ctx: Context, key: str, reason: str) -> None:
     """Make a running lease ready, whoever holds it (its holder's result is then refused)."""
@@ -201,6 +298,7 @@ def release(ctx: Context, key: str, reason: str) -> None:
 @leases.command()
 @click.argument("key")
 @click.option("--reason", default="by an operator", show_default=True)
+@_common
 @click.pass_obj
 def cancel(ctx: Context, key: str, reason: str) -> None:
     """Cancel a key: a running holder stops at its next heartbeat, a key not yet started never
@@ -211,8 +309,8 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
         if done:
             _operator(ctx, store, key, "cancel", reason)
     if not done:
-        _fail(ctx, f"lease {key!r} is {record.state.value if record else 'none'}: nothing to "
-                   f"cancel")
+        _fail(ctx, f"no lease for key {key!r}" if record is None else
+              f"lease {key!r} is {_state_of(record)}: nothing to cancel")
     assert record is not None
     how = ("its holder stops at its next heartbeat" if record.state is LeaseState.RUNNING
            else "it will not run")
@@ -224,6 +322,7 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
 @click.argument("key")
 @click.option("--publish/--no-publish", default=True, show_default=True,
               help="Re-publish the task recorded on the lease.")
+@_common
 @click.pass_obj
 def requeue(ctx: Context, key: str, publish: bool) -> None:
     """Bring a dead lease back (ready, fresh attempts) and re-publish its task."""
@@ -231,14 +330,16 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
         record = store.requeue(key, reason="requeued by an operator")
         if record is not None:
             _operator(ctx, store, key, "requeue", "dead -> ready")
+        current = store.get(key) if record is None else record
     if record is None:
-        _fail(ctx, f"lease {key!r} is not dead")
+        _fail(ctx, f"no lease for key {key!r}" if current is None else
+              f"lease {key!r} is {_state_of(current)}: only a dead lease can be requeued")
     assert record is not None
     published = None
     if publish:
-        if ctx.app is None or record.task is None:
+        if record.task is None:
             _fail(ctx, f"lease {key!r} is ready again, but its task cannot be re-published "
-                       "(no app given, or no task recorded): publish it yourself")
+                       "(none is recorded on it): publish it yourself")
         assert record.task is not None
         # A fresh start: Celery's retry count begins again, like the lease's attempts.
         published = republish(ctx.app, record.task, retries=0).id
@@ -249,6 +350,7 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
 @leases.command()
 @click.option("--older-than", "older_than", required=True, metavar="DURATION",
               help="Purge done/dead leases not changed for this long (e.g. 7d).")
+@_common
 @click.pass_obj
 def purge(ctx: Context, older_than: str) -> None:
     """Delete old done/dead leases; their tokens are kept, so keys never restart at 1."""
@@ -259,43 +361,57 @@ def purge(ctx: Context, older_than: str) -> None:
 
 
 @leases.command()
+@_common
 @click.pass_obj
 def stats(ctx: Context) -> None:
     """Count leases by state."""
     with ctx.store() as store:
         figures = store.stats()
-    data = {"counts": figures.counts, "expired": figures.expired, "total": figures.total}
-    text = "\n".join(f"{state:>8}: {figures.counts.get(state, 0)}"
-                     for state in [s.value for s in LeaseState])
+    counts = {state.value: figures.counts.get(state.value, 0) for state in LeaseState}
+    data = {"counts": counts, "expired": figures.expired, "total": figures.total}
+    text = "\n".join(f"{state:>8}: {count}" for state, count in counts.items())
     _emit(ctx, data, f"{text}\n expired: {figures.expired} (running, lease run out)")
 
 
 @leases.command(name="sweep")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@_common
 @click.pass_obj
 def sweep_(ctx: Context, limit: int) -> None:
-    """Re-publish the tasks of leases that expired without renewal."""
-    if ctx.app is None:
-        raise click.UsageError("sweep publishes tasks: name the app with -A")
+    """Re-publish the tasks of leases that nobody will run otherwise (expired, settling past
+    their deadline, ready and unclaimed); exit 1 when a re-publish failed."""
     with ctx.store() as store:
-        swept = sweep(ctx.app, store, limit=limit)
-    _emit(ctx, {"swept": [r.key for r in swept]}, f"re-published {len(swept)} task(s)")
+        report = sweep_report(ctx.app, store, limit=limit)
+    for record, why in report.failed:
+        click.echo(f"lease {_printable(record.key)}: its task could not be re-published "
+                   f"({_one_line(why)}); the next sweep tries again", err=True)
+    for record in report.no_task:
+        click.echo(f"lease {_printable(record.key)}: no task is recorded on it to re-publish",
+                   err=True)
+    _emit(ctx, {"swept": [r.key for r in report.republished],
+                "failed": [r.key for r, _ in report.failed],
+                "no_task": [r.key for r in report.no_task]},
+          f"re-published {len(report.republished)} task(s)"
+          + (f"; {len(report.failed)} failed" if report.failed else ""))
+    if report.failed:
+        sys.exit(1)
 
 
 @leases.command()
+@_common
 @click.pass_obj
 def doctor(ctx: Context) -> None:
-    """Check the app's broker, task and lease settings against each other."""
-    if ctx.app is None:
-        raise click.UsageError("doctor reads the app's configuration: name it with -A")
-    findings = diagnose(ctx.app)
+    """Check the app's broker, task and lease settings against each other (with --store:
+    that store instead of the one the settings name); exit 1 on an error."""
+    findings = diagnose(ctx.app, store_url=ctx.store_override, import_error=ctx.load_error)
     marks = {"error": "ERROR", "warning": "warn ", "ok": "ok   "}
     lines = []
     for promise in ("delivery", "ownership", "effects"):
         mine = [f for f in findings if f.promise == promise]
         if mine:
             lines.append(f"{promise}:")
-            lines += [f"  {marks[f.severity]} [{f.code}] {f.message}" for f in mine]
+            lines += [f"  {marks[f.severity]} [{f.code}] {_printable(f.message)}"
+                      for f in mine]
     _emit(ctx, [f.as_dict() for f in findings], "\n".join(lines))
     if any(f.severity == "error" for f in findings):
         sys.exit(1)
@@ -309,6 +425,7 @@ def doctor(ctx: Context) -> None:
 @click.option("--token", envvar="LEASE_WEB_TOKEN", metavar="T",
               help="Operator token that actions need (or $LEASE_WEB_TOKEN, which keeps it out "
                    "of ps); without it the dashboard is read-only.")
+@_common
 @click.pass_obj
 def web(ctx: Context, host: str, port: int, token: str | None) -> None:
     """Serve the web dashboard (counts, running, takeovers, dead keys, reconciliation, one
@@ -319,10 +436,20 @@ def web(ctx: Context, host: str, port: int, token: str | None) -> None:
         serve(ctx.store_url, host=host, port=port, token=token, app=ctx.app,
               announce=lambda line: click.echo(line, err=line.startswith("WARNING")))
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+        _refuse(str(exc))
 
 
-def _fail(ctx: Context, message: str) -> None:
+def _state_of(record: LeaseRecord) -> str:
+    """The record's state as an operator needs it: a pending cancel or a settle phase too."""
+    if record.state is LeaseState.RUNNING and record.cancel:
+        return (f"running, with a cancel pending ({record.cancel}): its holder stops at its "
+                "next heartbeat, and the key then ends dead")
+    if record.settling:
+        return f"{record.state.value} (settling: its owner is confirming the outcome)"
+    return record.state.value
+
+
+def _fail(ctx: Context, message: str) -> NoReturn:
     if ctx.as_json:
         click.echo(json.dumps({"error": message}))
     else:
@@ -330,21 +457,55 @@ def _fail(ctx: Context, message: str) -> None:
     sys.exit(1)
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+class _AppNotLoaded(LeaseError):
+    """Unable to load celery application."""
+
+
+class _Loaded:
+    """What ``python -m lease_celery`` hands the commands, as Celery's program hands its
+    ``CLIContext``: the app (None when not named) and why it did not import."""
+
+    def __init__(self, app: Any, load_error: BaseException | None) -> None:
+        self.app, self.load_error = app, load_error
+
+
+def _load_app(name: str) -> _Loaded:
+    """Import the app as ``celery -A`` does, with its words for a module that is missing;
+    any other error in the module in one line (``doctor`` reports it as a finding)."""
+    from celery.app.utils import find_app
+
+    sys.path.insert(0, "")
+    module = name.partition(":")[0]
+    try:
+        return _Loaded(find_app(name), None)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            error = _AppNotLoaded(f"Unable to load celery application. The module "
+                                  f"{exc.name} was not found.")
+        else:
+            error = _AppNotLoaded(_load_failure(module, exc))
+        error.__cause__ = exc
+    except Exception as exc:  # the module itself raised: its author's error, not ours
+        error = _AppNotLoaded(_load_failure(module, exc))
+        error.__cause__ = exc
+    return _Loaded(None, error)
+
+
+def _load_failure(module: str, exc: BaseException) -> str:
+    detail = " ".join(str(exc).split())
+    return (f"Unable to load celery application. While trying to load the module {module} "
+            f"the following error occurred: {type(exc).__name__}: {detail}")
+
+
+@click.group(name="lease_celery", commands=leases.commands)
 @click.option("-A", "--app", "app_name", metavar="APP", help="The Celery app, as for celery -A.")
+@click.option("--store", "store_url", metavar="URL",
+              help="Lease store URL (default: the app's lease_store_url).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
-def main(click_ctx: click.Context, app_name: str | None) -> None:
-    """python -m lease_celery [-A APP] [--store URL] [--json] COMMAND …"""
-    app = None
-    if app_name:
-        from celery.app.utils import find_app
-
-        sys.path.insert(0, "")
-        app = find_app(app_name)
-
-    class _Obj:
-        pass
-
-    obj = _Obj()
-    obj.app = app  # type: ignore[attr-defined]
-    leases.main(args=click_ctx.args, prog_name="python -m lease_celery", obj=obj)
+def main(click_ctx: click.Context, app_name: str | None, store_url: str | None,
+         as_json: bool) -> None:
+    """python -m lease_celery -A APP [--store URL] [--json] COMMAND …: the celery leases
+    commands without the celery program."""
+    click_ctx.obj = _load_app(app_name) if app_name else _Loaded(None, None)
+    _start(click_ctx, store_url, as_json)

@@ -8,15 +8,19 @@ non-zero), ``warning`` (they hold, at a cost worth knowing) or ``ok``.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .errors import LeaseError
-from .settings import LeaseSettings, resolve_settings
+from .names import FIXES, name_problems
+from .settings import LeaseSettings, resolve_settings, retention, sweep_grace
 from .stores.base import open_store
 
-__all__ = ["Finding", "diagnose"]
+__all__ = ["Finding", "diagnose", "leased_tasks"]
 
 #: Transports that hide an unacked message and hand it out again after a visibility timeout,
 #: with their default timeout in seconds.
@@ -41,32 +45,101 @@ class Finding:
         return asdict(self)
 
 
-def diagnose(app: Any) -> list[Finding]:
-    """Every finding about ``app``'s configuration, errors first."""
-    from .task import LeasedTask
-
-    tasks = [t for t in app.tasks.values() if isinstance(t, LeasedTask)]
-    findings: list[Finding] = []
+def diagnose(app: Any, *, store_url: str | None = None,
+             import_error: BaseException | None = None) -> list[Finding]:
+    """Every finding about ``app``'s configuration, errors first; never raises on what it
+    diagnoses. ``store_url``: judge that store instead of the ones the settings name.
+    ``import_error``: the app module did not import (the one finding then)."""
+    if import_error is not None:
+        why = (str(import_error) if isinstance(import_error, LeaseError)
+               else _one_line(import_error))
+        return [Finding("app.import", "error", "ownership",
+                        f"the app does not import: {why} (fix the module, then run doctor "
+                        "again)")]
+    tasks, findings = leased_tasks(app)
+    findings += [Finding(p.code, "error", "ownership", p.message)
+                 for p in name_problems(app, tasks)]
     settings_by_task: dict[str, LeaseSettings] = {}
     for task in tasks:
         try:
             settings_by_task[task.name] = task.lease_settings
         except LeaseError as exc:
-            findings.append(Finding("settings.invalid", "error", "ownership", str(exc)))
+            findings.append(_invalid(exc))
     if not tasks:
         findings.append(Finding("tasks.none", "warning", "ownership",
                                 "no task uses base=LeasedTask: nothing here is leased"))
         try:
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
-            findings.append(Finding("settings.invalid", "error", "ownership", str(exc)))
+            findings.append(_invalid(exc))
+    for app_setting in (sweep_grace, retention):
+        try:
+            app_setting(app)
+        except LeaseError as exc:
+            findings.append(_invalid(exc))
     longest = _longest_task(app, tasks)
     shortest_ttl = min((s.ttl for s in settings_by_task.values()), default=None)
-    findings += _delivery(app, tasks, longest, shortest_ttl)
-    findings += _ownership(app, settings_by_task, longest)
-    findings += _worker_pool(app)
+    stores = ([store_url] if store_url else
+              sorted({s.store_url for s in settings_by_task.values()}))
+    checks: list[Callable[[], list[Finding]]] = [
+        partial(_delivery, app, tasks, longest, shortest_ttl),
+        partial(_ownership, app, settings_by_task, stores, list(findings)),
+        partial(_worker_pool, app)]
+    for check in checks:
+        try:
+            findings += check()
+        except Exception as exc:  # a check that cannot run is itself a finding, never a crash
+            findings.append(Finding("doctor.check_failed", "error", "ownership",
+                                    f"a check could not run: {_one_line(exc)}"))
     order = {"error": 0, "warning": 1, "ok": 2}
-    return sorted(findings, key=lambda f: order[f.severity])
+    unique = list(dict.fromkeys(findings))  # a task refused at bind is met again when read
+    return sorted(unique, key=lambda f: order[f.severity])
+
+
+def leased_tasks(app: Any) -> tuple[list[Any], list[Finding]]:
+    """The app's LeasedTasks, and a finding per task that could not be made or bound.
+
+    Celery makes and binds every task in one loop when the app is finalized, and a task
+    refused there (a bad ``lease_*`` value raises ``ConfigError``) stops the loop: the tasks
+    after it are left unmade. Here each is made and bound on its own, so one bad task is a
+    finding and the others are still judged."""
+    from celery.utils.functional import maybe_evaluate
+
+    from .task import LeasedTask
+
+    findings: list[Finding] = []
+    try:
+        registry = app.tasks
+    except Exception as exc:
+        findings.append(_invalid(exc))
+        pending = getattr(app, "_pending", None)
+        while pending:  # what the aborted finalize left unmade
+            try:
+                maybe_evaluate(pending.popleft())
+            except Exception as more:
+                findings.append(_invalid(more))
+        registry = app._tasks
+        for task in list(registry.values()):
+            try:
+                task.bind(app)  # idempotent for the tasks bound before the failure
+            except Exception as more:
+                findings.append(_invalid(more))
+    return [t for t in registry.values() if isinstance(t, LeasedTask)], findings
+
+
+def _invalid(exc: BaseException) -> Finding:
+    """A refused setting or option (or any error met making the tasks) as a finding, with
+    what the name takes."""
+    message = _one_line(exc) if not isinstance(exc, LeaseError) else str(exc)
+    name = re.search(r"\b(lease_[a-z_]+)", message)
+    fix = FIXES.get(name.group(1)) if name else None
+    return Finding("settings.invalid", "error", "ownership",
+                   message + (f" (fix: set {name.group(1)} to {fix})" if name and fix else ""))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _longest_task(app: Any, tasks: list[Any]) -> float | None:
@@ -152,8 +225,8 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
     return found
 
 
-def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
-               longest: float | None) -> list[Finding]:
+def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings], stores: list[str],
+               earlier: list[Finding]) -> list[Finding]:
     found: list[Finding] = []
     for name, settings in sorted(settings_by_task.items()):
         who = f"task {name}" if name else "the app"
@@ -163,7 +236,7 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
                 f"{who}: lease_heartbeat_interval={settings.heartbeat_interval:g}s is not well "
                 f"below lease_ttl={settings.ttl:g}s; one late renewal loses the lease "
                 "(use ttl/3 or less)"))
-    for url in sorted({s.store_url for s in settings_by_task.values()}):
+    for url in stores:
         found += _store(url)
     if app.conf.get("lease_sweep_interval") == 0:
         found.append(Finding(
@@ -172,7 +245,7 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings],
             "lease_celery.sweep task with beat, or recovery after a lost worker waits on the "
             "broker's redelivery"))
     found += _periodic(app)
-    if not any(f.promise == "ownership" and f.severity != "ok" for f in found):
+    if not any(f.promise == "ownership" and f.severity != "ok" for f in found + earlier):
         found.append(Finding("ownership.ok", "ok", "ownership",
                              "lease settings and store are sound"))
     return found

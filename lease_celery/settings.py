@@ -15,7 +15,7 @@ from .policy import DEFAULT_PERMANENT_ERRORS, Policy
 from .stores.base import DEFAULT_SWEEP_GRACE, check_ttl, store_class
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings",
-           "resolve_settings", "retention", "sweep_grace"]
+           "resolve_settings", "retention", "store_url_of", "sweep_grace"]
 
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
@@ -85,16 +85,7 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
                 f" lease_ttl {ttl:g}s: the lease would expire before its first renewal"
             )
 
-    url_value, url_source = _lookup(app, task, "lease_store_url")
-    url = DEFAULT_STORE_URL if url_value is None else url_value
-    try:
-        # Syntax only: a host that only publishes tasks need not reach the store (or have its
-        # directory); workers check the rest when they start (lease_celery.worker).
-        store_class(url).check_url(url)
-    except LeaseError as exc:
-        raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
-    except ValueError as exc:
-        raise ConfigError(f"lease_store_url ({url_source}) is not usable: {exc}") from exc
+    url = store_url_of(app, task)
     retry_value, retry_source = _lookup(app, task, "lease_retry_time_limits")
     if retry_value is not None and not isinstance(retry_value, bool):
         raise ConfigError(f"lease_retry_time_limits ({retry_source}) must be True or False, "
@@ -110,6 +101,21 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
                              "auto" if background_value is None else background_value))
 
 
+def store_url_of(app: Any, task: Any = None) -> str:
+    """``lease_store_url`` for ``task`` (or app-wide), checked for syntax only: a host that
+    only publishes tasks need not reach the store (or have its directory); workers check
+    the rest when they start (lease_celery.worker)."""
+    value, source = _lookup(app, task, "lease_store_url")
+    url = DEFAULT_STORE_URL if value is None else value
+    if not isinstance(url, str):
+        raise ConfigError(f"lease_store_url ({source}) must be a URL string, got {url!r}")
+    try:
+        store_class(url).check_url(url)
+    except (LeaseError, ValueError) as exc:
+        raise ConfigError(f"lease_store_url ({source}) is not usable: {exc}") from exc
+    return url
+
+
 #: Default of ``lease_retention``: settled done/dead rows older than this are pruned.
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 
@@ -121,8 +127,8 @@ def retention(app: Any) -> float:
     if value is None:
         return DEFAULT_RETENTION
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"lease_retention must be a number of seconds >= 0 (0 keeps rows "
-                          f"forever), got {value!r}")
+        raise ConfigError(f"lease_retention (setting lease_retention) must be a number of "
+                          f"seconds >= 0 (0 keeps rows forever), got {value!r}")
     return float(value)
 
 
@@ -133,7 +139,8 @@ def sweep_grace(app: Any) -> float:
     if value is None:
         return DEFAULT_SWEEP_GRACE
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"lease_sweep_grace must be a number of seconds > 0, got {value!r}")
+        raise ConfigError(f"lease_sweep_grace (setting lease_sweep_grace) must be a number of "
+                          f"seconds > 0, got {value!r}")
     return float(value)
 
 

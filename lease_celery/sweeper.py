@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import shared_task
@@ -34,27 +35,54 @@ from .models import LeaseRecord
 from .settings import retention, sweep_grace
 from .stores.base import PURGE_BATCH, Store, open_store
 
-__all__ = ["SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app"]
+__all__ = ["SweepReport", "SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app",
+           "sweep_report"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep did with the rows nobody else will run."""
+
+    #: Rows whose task was published again.
+    republished: list[LeaseRecord] = field(default_factory=list)
+    #: Rows whose publish failed, with why: unmarked, so the next sweep tries again.
+    failed: list[tuple[LeaseRecord, str]] = field(default_factory=list)
+    #: Rows with no task recorded: nothing to publish (a row written by hand, say).
+    no_task: list[LeaseRecord] = field(default_factory=list)
 
 
 def sweep(app: Any, store: Store, *, limit: int = 100, grace: float | None = None,
           connection: Any = None) -> list[LeaseRecord]:
     """Re-publish the tasks of the rows in ``store`` that nobody will run otherwise; return
-    their records. ``grace`` defaults to the app's ``lease_sweep_grace``; ``connection``, a
-    broker connection to publish on (default: the app's producer pool)."""
+    the records whose task was published again (``sweep_report`` also tells the failures).
+    ``grace`` defaults to the app's ``lease_sweep_grace``; ``connection``, a broker
+    connection to publish on (default: the app's producer pool)."""
+    return sweep_report(app, store, limit=limit, grace=grace,
+                        connection=connection).republished
+
+
+def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | None = None,
+                 connection: Any = None) -> SweepReport:
+    """``sweep``, telling apart the rows re-published, those whose publish failed and those
+    with no task to publish."""
     swept = store.sweep_expired(limit=limit, grace=sweep_grace(app) if grace is None else grace)
     options = {} if connection is None else {"connection": connection}
+    report = SweepReport()
     for record in swept:
         if record.task is None:
+            report.no_task.append(record)
             continue
         try:
             republish(app, record.task, **options)
-        except Exception:  # one bad row must not stop the others
-            logger.exception("lease %s: could not re-publish its task; the next sweep tries "
-                             "again", record.key)
+        except Exception as exc:  # one bad row must not stop the others
+            why = f"{type(exc).__name__}: {exc}"
+            logger.warning("lease %r: could not re-publish its task (%s); the next sweep tries "
+                           "again", record.key, why)
+            logger.debug("re-publish of lease %r failed", record.key, exc_info=True)
             store.sweep_unmark(record.key, record.token)
+            report.failed.append((record, why))
             continue
         logger.warning("lease %s (%s%s, owner %s, token %s): nobody will run it; task %s "
                        "re-published", record.key, record.state.value,
@@ -62,7 +90,8 @@ def sweep(app: Any, store: Store, *, limit: int = 100, grace: float | None = Non
                        record.task_id)
         _note_swept(store, record)
         signals.lease_swept.send(sender=app, key=record.key, record=record)
-    return swept
+        report.republished.append(record)
+    return report
 
 
 def _note_swept(store: Store, record: LeaseRecord) -> None:

@@ -77,6 +77,21 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
                              ) from exc
 
 
+def _log_name_problems(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Once at start (logging is set up by then): every ``lease_*`` name of the app that
+    lease_celery never reads, as ``celery leases doctor`` reports it. A misspelled name
+    breaks nothing, so the worker still starts; it just does nothing."""
+    from .names import name_problems
+    from .task import LeasedTask
+
+    app = getattr(instance, "app", None)
+    if app is None:
+        return
+    tasks = [t for t in app.tasks.values() if isinstance(t, LeasedTask)]
+    for problem in name_problems(app, tasks):
+        logger.warning("lease_celery: %s", problem.message)
+
+
 def _on_process_shutdown(**_: Any) -> None:
     release_held_leases("worker process shutdown")
 
@@ -124,6 +139,7 @@ def _sweep_interval(app: Any) -> float:
 
 
 celery_signals.worker_init.connect(_check_stores, weak=False)
+celery_signals.celeryd_after_setup.connect(_log_name_problems, weak=False)
 celery_signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
 celery_signals.worker_ready.connect(_start_sweeper, weak=False)
 celery_signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)

@@ -232,8 +232,8 @@ def test_stats_counts_by_state_and_expired(lease_url: str, cli: Cli) -> None:
 
 def test_python_m_lease_celery_and_store_option(lease_url: str, tmp_path: Path) -> None:
     """``python -m lease_celery -A tests.worker_app …`` runs the same commands; ``--store URL``
-    picks a store without an app; without either, a store command is a usage error (exit 2),
-    as are sweep and doctor without an app and an unknown command."""
+    (before or after the command) picks another store; without ``-A`` every command is a
+    usage error (exit 2), ``--store`` or not, as is an unknown command."""
     with open_store(lease_url) as store:
         _populate(store)
     env = cli_env(lease_url)
@@ -249,14 +249,14 @@ def test_python_m_lease_celery_and_store_option(lease_url: str, tmp_path: Path) 
     # A --store given after -A overrides the app's store.
     other = parse_json(run("--store", other_url, "--json", "stats"))
     assert other["total"] == 0
-
-    bare = [PYTHON_M[0], "-m", "lease_celery"]
-    listed = run_cli(["--store", lease_url, "--json", "list", "--state", "dead"], env=env,
-                     cwd=tmp_path, program=bare)
+    listed = run("--json", "list", "--state", "dead", "--store", lease_url)
     assert listed.returncode == 0, listed.stderr
     assert [r["key"] for r in parse_json(listed)] == ["b:dead"]
-    for args in (["stats"], ["--store", lease_url, "sweep"], ["--store", lease_url, "doctor"],
-                 ["--store", lease_url, "frobnicate"]):
+    assert run("frobnicate").returncode == 2
+
+    bare = [PYTHON_M[0], "-m", "lease_celery"]
+    for args in (["stats"], ["--store", lease_url, "list"], ["--store", lease_url, "sweep"],
+                 ["--store", lease_url, "doctor"]):
         proc = run_cli(args, env=env, cwd=tmp_path, program=bare)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
 
@@ -291,7 +291,7 @@ def test_cli_sweep_republishes_an_expired_lease_when_workers_do_not_sweep(
                                       "LEASE_TEST_SWEEP_INTERVAL": "0"})
     proc = run_cli(["--json", "sweep"], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert parse_json(proc) == {"swept": [key]}
+    assert parse_json(proc) == {"swept": [key], "failed": [], "no_task": []}
     assert result.get(timeout=30)["token"] == 2
     again = run_cli(["sweep"], env=env, cwd=tmp_path)
     assert again.returncode == 0 and again.stdout.strip() == "re-published 0 task(s)"

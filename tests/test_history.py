@@ -6,6 +6,7 @@ print it (keys and reasons are user data)."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -142,14 +143,15 @@ def test_a_runs_events_reach_the_history_and_are_printed_by_the_cli(sqlite_url: 
     assert "boom <b>" in (failed[1].detail or "")
 
     runner = CliRunner()
-    printed = runner.invoke(leases, ["--store", sqlite_url, "history", "hist:-1"])
+    named = SimpleNamespace(app=app, load_error=None)  # what `celery -A …` hands the group
+    printed = runner.invoke(leases, ["--store", sqlite_url, "history", "hist:-1"], obj=named)
     assert printed.exit_code == 0, printed.output
     assert "claimed token 1" in printed.output and "dead token 1" in printed.output
     assert "boom <b>" in printed.output
     requeued = runner.invoke(leases, ["--store", sqlite_url, "requeue", "hist:-1",
-                                      "--no-publish"])
+                                      "--no-publish"], obj=named)
     assert requeued.exit_code == 0, requeued.output
-    shown = runner.invoke(leases, ["--store", sqlite_url, "show", "hist:-1"])
+    shown = runner.invoke(leases, ["--store", sqlite_url, "show", "hist:-1"], obj=named)
     assert "operator:requeue" in shown.output and "via the CLI" in shown.output
-    missing = runner.invoke(leases, ["--store", sqlite_url, "history", "nope"])
+    missing = runner.invoke(leases, ["--store", sqlite_url, "history", "nope"], obj=named)
     assert missing.exit_code == 1 and "no history" in missing.output

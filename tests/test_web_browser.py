@@ -1,5 +1,6 @@
 """The dashboard in a real headless browser (Debian's ``chromium`` through ``chromedriver``),
-served by the real CLI (``python -m lease_celery --store URL web --port 0 --token T``).
+served by the real CLI (``python -m lease_celery -A tests.worker_app --store URL web --port 0
+--token T``).
 
 It lists a dead key whose key and reason hold ``<script>``: shown as text, never run; a
 receipt awaiting reconciliation is resolved from its page by typing the token and a result;
@@ -68,7 +69,8 @@ def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with log.open("w") as stderr:
         server = subprocess.Popen(
-            [sys.executable, "-m", "lease_celery", "--store", store_url, "web", "--port", "0",
+            [sys.executable, "-m", "lease_celery", "-A", "tests.worker_app", "--store", store_url,
+             "web", "--port", "0",
              "--token", TOKEN], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
             cwd=log.parent)
     try:
