@@ -169,7 +169,7 @@ def measure(name: str, store: Store, counter: RoundTrips, leases: int, starts: s
     window_start = (anchor if anchor is not None else search_from) - interval / 4
     window_end = window_start + intervals * interval
     sleep_until(window_end)
-    lost = sum(handle.lost for handle in handles)
+    lost = sum(handle.lost is not None for handle in handles)
     for handle in handles:
         heartbeat.unwatch(handle)  # left to expire: every row goes with the run's store
     calls = counter.between(window_start, window_end)

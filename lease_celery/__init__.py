@@ -1,12 +1,17 @@
 """lease_celery: database-backed ownership leases with fencing for Celery tasks."""
 
+from importlib import metadata as _metadata
+
 from . import signals
 from .effects import Effects, fingerprint
 from .errors import (
+    CheckpointNotSerializable,
     ConfigError,
     EffectConflict,
     EffectOutcomeUnknown,
     InvalidKey,
+    LeaseCancelled,
+    LeaseDead,
     LeaseError,
     LeaseHeld,
     LeaseLost,
@@ -23,7 +28,13 @@ from .settings import LeaseSettings
 from .stores import Store, open_store
 from .task import LeasedTask
 
+try:  # the installed distribution's, so it never drifts from pyproject.toml
+    __version__: str = _metadata.version("lease-celery")
+except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree, not installed
+    __version__ = "0+unknown"
+
 __all__ = [
+    "CheckpointNotSerializable",
     "ConfigError",
     "EffectConflict",
     "EffectOutcomeUnknown",
@@ -32,6 +43,8 @@ __all__ = [
     "FenceGate",
     "InvalidKey",
     "Lease",
+    "LeaseCancelled",
+    "LeaseDead",
     "LeaseError",
     "LeaseHandle",
     "LeaseHeld",

@@ -92,7 +92,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         the new owner's outcome), ``Retry`` when the policy retries; returns when ``exc`` should
         propagate as it is.
         """
-        attempts = handle.lease.attempts
+        attempts = handle._lease.attempts
         if handle.cancelled is not None and isinstance(exc, Exception):
             # An operator cancelled the key: it ends dead whatever the body raised (most often
             # LeaseCancelled from check()), and is never retried.
@@ -119,7 +119,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})",
                           passing=True)
             return
-        if isinstance(exc, LeaseLost) or handle.lost:
+        if isinstance(exc, LeaseLost) or handle.lost is not None:
             # Never the task's failure. If the store still held the lease (lost only by this
             # process's reckoning: renewal replies came back late), the release is accepted
             # and the work runs again; if not, _release -> _not_current decides.
@@ -143,7 +143,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             return
         request = self.request
         # An eager retry runs at once (Celery ignores its countdown), so it gets no backoff.
-        delay = 0.0 if request.is_eager else settings.policy.backoff(handle.lease.attempts)
+        delay = 0.0 if request.is_eager else settings.policy.backoff(handle._lease.attempts)
         if request.called_directly:
             self._release(handle, reason=reason, delay=delay)
             return  # a plain call has no delivery to retry: the error propagates
@@ -153,7 +153,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         retry = self.retry(exc=exc, countdown=delay, max_retries=math.inf, throw=False)
         self._release(handle, reason=reason, delay=delay)
         logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
-        signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
+        signals.lease_retry.send(sender=self, key=handle.key, lease=handle._lease,
                                  reason=reason, countdown=delay)
         raise retry
 
@@ -174,14 +174,14 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         this attempt's failure is not the key's outcome: see ``_not_current`` (skipped when
         ``passing`` an exit through, which must go on)."""
         try:
-            released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000])
+            released = handle._store.release(handle._lease, delay=delay, reason=reason[:2000])
         except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
                              "expire at %s", handle.key, handle.token, handle.expires_at)
             return False
         if released:
-            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
-                                        hold_time=handle.held_for)
+            signals.lease_released.send(sender=self, key=handle.key, lease=handle._lease,
+                                        hold_time=handle._held_for)
             return True
         if not passing:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
@@ -195,20 +195,20 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         """Mark the key dead; the failure then settles like a finish (after_return)."""
         settle_within = self._settle_within(self.lease_settings, failed=True)
         try:
-            killed = handle.store.kill(handle.lease, reason=reason[:2000],
+            killed = handle._store.kill(handle._lease, reason=reason[:2000],
                                        settle_within=settle_within)
         except StoreError:
             logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
             return
         if killed and settle_within is not None:
-            handle.settling = True
+            handle._settling = True
             self.request.lease = handle  # after_return finds it, even when the claim killed
             Heartbeat.for_process().watch(handle)
         if killed:
             logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
-                         handle.lease.attempts, reason)
-            signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
-                                    reason=reason, hold_time=handle.held_for)
+                         handle._lease.attempts, reason)
+            signals.lease_dead.send(sender=self, key=handle.key, lease=handle._lease,
+                                    reason=reason, hold_time=handle._held_for)
         else:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
 
@@ -221,24 +221,24 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         the delivery is re-published to run again, then acked.
         """
         try:
-            record = handle.store.get(handle.key)
+            record = handle._store.get(handle.key)
         except StoreError:
             record = None
         taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
         if taken or self.request.is_eager or self.request.called_directly:
             self._reject_stale(handle, reason)
-        handle.mark_lost(reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
-                                           reason=reason, hold_time=handle.held_for)
+        handle._mark_lost(reason)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle._lease,
+                                           reason=reason, hold_time=handle._held_for)
         settings = self.lease_settings
         self._defer(handle.key, 0.0, settings, self.request.args or (),
                     self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
                     eager_error=LeaseLost(reason))
 
     def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
-        handle.mark_lost(reason)
+        handle._mark_lost(reason)
         logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
                        handle.key, handle.owner, handle.token, reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
-                                           reason=reason, hold_time=handle.held_for)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle._lease,
+                                           reason=reason, hold_time=handle._held_for)
         raise Ignore()

@@ -59,7 +59,7 @@ def finish_in_background(task: Any, handle: LeaseHandle, result: Any,
 def _finish(task: Any, handle: LeaseHandle, encoded: EncodedResult,
             heartbeat: Heartbeat) -> None:
     try:
-        accepted = handle.store.finish(handle.lease, encoded)
+        accepted = handle._store.finish(handle._lease, encoded)
     except StoreError as exc:
         logger.warning("lease %s token %s: finish failed in the lease store (%s); the key "
                        "stays running until its lease expires, then the sweeper re-publishes "
@@ -69,18 +69,18 @@ def _finish(task: Any, handle: LeaseHandle, encoded: EncodedResult,
         heartbeat.unwatch(handle)
     if accepted:
         logger.info("lease %s token %s finished", handle.key, handle.token)
-        signals.lease_finished.send(sender=task, key=handle.key, lease=handle.lease,
-                                    hold_time=handle.held_for, duration=handle.body_duration)
+        signals.lease_finished.send(sender=task, key=handle.key, lease=handle._lease,
+                                    hold_time=handle._held_for, duration=handle._body_duration)
         return
     reason = "finish refused: the lease expired or was taken over"
-    handle.mark_lost(reason)
+    handle._mark_lost(reason)
     try:
-        record = handle.store.get(handle.key)
+        record = handle._store.get(handle.key)
     except StoreError:
         record = None
     taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
     logger.warning("lease %s owner %s token %s: stale outcome rejected: %s%s", handle.key,
                    handle.owner, handle.token, reason,
                    "" if taken else "; nobody took the key over: the sweeper re-publishes it")
-    signals.stale_result_rejected.send(sender=task, key=handle.key, lease=handle.lease,
-                                       reason=reason, hold_time=handle.held_for)
+    signals.stale_result_rejected.send(sender=task, key=handle.key, lease=handle._lease,
+                                       reason=reason, hold_time=handle._held_for)

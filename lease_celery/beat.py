@@ -37,6 +37,7 @@ from celery.schedules import crontab, schedstate, schedule
 from celery.utils.time import timezone as celery_timezone
 
 from .errors import ConfigError
+from .extras import needs
 from .keys import resolve_key
 from .task import LeasedTask
 
@@ -436,11 +437,8 @@ def __getattr__(name: str) -> Any:
     if name not in _THIRD_PARTY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, base, package = _THIRD_PARTY[name]
-    try:
+    with needs(f"lease_celery.beat.{name}", package):
         scheduler = getattr(importlib.import_module(module), base)
-    except ImportError as exc:
-        raise ImportError(f"lease_celery.beat.{name} needs {package}: "
-                          f"pip install {package}") from exc
     made = type(name, (LeasedSchedulerMixin, scheduler), {
         "__module__": __name__, "__qualname__": name,
         "__doc__": f"{module}.{base} with one task id per slot."})

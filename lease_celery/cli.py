@@ -78,7 +78,7 @@ class Context:
                 yield store
         except ConfigError as exc:
             _refuse(str(exc))
-        except LeaseError as exc:
+        except (LeaseError, ImportError) as exc:  # ImportError: the store's extra is missing
             raise click.ClickException(_one_line(str(exc))) from exc
 
 

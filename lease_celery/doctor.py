@@ -308,7 +308,7 @@ def _store(url: str) -> list[Finding]:
     try:
         with open_store(url) as store:
             store.get("lease_celery:doctor")  # a real read: connection, schema, file format
-    except (LeaseError, ValueError) as exc:
+    except (LeaseError, ValueError, ImportError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {url} cannot be used: {exc}")]
     scheme = urlsplit(url).scheme

@@ -21,6 +21,12 @@ _UNREAD: Any = object()  # checkpoint_data not read from the store yet
 class LeaseHandle:
     """The current lease of one task execution, kept up to date by the heartbeat.
 
+    A task body reads ``key``, ``owner``, ``token``, ``expires_at`` and ``fence``, calls
+    ``check()`` between steps, ``checkpoint()`` / ``checkpoint_data`` for long work, and
+    ``fenced()`` / ``effect()`` for fenced writes and outside actions; ``lost`` and
+    ``cancelled`` say, without raising, what ``check()`` would raise for. Everything else is
+    the heartbeat's and the gate's (underscored).
+
     ``check()`` raises :class:`LeaseLost` once the lease is known lost: a renewal was refused, or
     no renewal succeeded before the deadline (measured on this process's monotonic clock from the
     moment the last successful request was *sent*, so it never outlives the store's deadline).
@@ -28,28 +34,28 @@ class LeaseHandle:
 
     def __init__(self, lease: Lease, *, store: Store, ttl: float, heartbeat_interval: float,
                  sent_at: float, task: Any = None) -> None:
-        self.store = store
-        self.ttl = ttl
-        self.heartbeat_interval = heartbeat_interval
-        self.task = task
+        self._store = store
+        self._ttl = ttl
+        self._heartbeat_interval = heartbeat_interval
+        self._task = task
         # Taken by the heartbeat's threads too: a real lock, even under green pools.
         self._lock = green.lock()
-        self._lease = lease
-        self.claimed_at = sent_at
+        self._lease = lease  # the latest accepted renewal's (the claim's until one is)
+        self._claimed_at = sent_at
         self._local_deadline = sent_at + ttl
-        self.next_renewal_at = sent_at + heartbeat_interval
+        self._next_renewal_at = sent_at + heartbeat_interval
         self._lost_reason: str | None = None
-        self.closed = False  # set when the task stops heartbeating it (finish, release)
-        self.body_duration = 0.0  # seconds the task body ran (set when it returns)
+        self._closed = False  # set when the task stops heartbeating it (finish, release)
+        self._body_duration = 0.0  # seconds the task body ran (set when it returns)
         # The key is done (or dead) under this lease, and Celery has yet to store the outcome:
         # the heartbeat keeps the settle deadline alive until the owner confirms (settle.py).
-        self.settling = False
+        self._settling = False
         # Celery stored the outcome and the owner's confirmation is on its way: the heartbeat
         # still renews the settle deadline until the store answers it (heartbeat.settle).
-        self.confirming = False
+        self._confirming = False
         # The finish is queued on the heartbeat's sender threads (``background``): the task
         # returned, and that write, not a renewal, says whether the lease was still current.
-        self.writing = False
+        self._writing = False
         # An operator's cancel, as the claim or a renewal brought it ("cancelled: ...").
         self._cancel: str | None = lease.cancel
         # The key's checkpoint as this execution knows it: unread (_UNREAD) until asked for.
@@ -58,23 +64,24 @@ class LeaseHandle:
     # -- what the task body reads ---------------------------------------------------------
 
     @property
-    def lease(self) -> Lease:
-        return self._lease
-
-    @property
     def key(self) -> str:
+        """The lease key (the task's ``lease_key`` filled in with its arguments)."""
         return self._lease.key
 
     @property
     def owner(self) -> str:
+        """This execution as the store knows it (``hostname:pid:uuid4/n`` in a worker)."""
         return self._lease.owner
 
     @property
     def token(self) -> int:
+        """This claim's generation on the key: +1 per successful claim, never reused."""
         return self._lease.token
 
     @property
     def expires_at(self) -> float:
+        """When the store lets the lease go unless renewed (epoch seconds, the store's clock;
+        moved on by each accepted renewal)."""
         return self._lease.expires_at
 
     @property
@@ -83,16 +90,10 @@ class LeaseHandle:
         return self._lease.fence
 
     @property
-    def held_for(self) -> float:
-        """Seconds since the claim was sent."""
-        return time.monotonic() - self.claimed_at
-
-    @property
-    def lost(self) -> bool:
-        return self._lost_reason is not None or time.monotonic() >= self._local_deadline
-
-    @property
-    def lost_reason(self) -> str | None:
+    def lost(self) -> str | None:
+        """Why the lease is lost once this execution may no longer hold it (a renewal or a
+        write refused, or no renewal succeeded before the deadline); None while it holds.
+        An operator's cancel is :attr:`cancelled`; ``check()`` raises for either."""
         if self._lost_reason is None and time.monotonic() >= self._local_deadline:
             return "no renewal succeeded before the lease deadline"
         return self._lost_reason
@@ -109,7 +110,7 @@ class LeaseHandle:
         if self._cancel is not None:
             raise LeaseCancelled(f"lease {self.key!r} (token {self.token}) was {self._cancel}; "
                                  f"stop the protected work")
-        reason = self.lost_reason
+        reason = self.lost
         if reason is not None:
             raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
                             f"is lost: {reason}; stop the protected work")
@@ -123,9 +124,9 @@ class LeaseHandle:
         """
         encoded = encode_checkpoint(data)  # CheckpointNotSerializable before any write
         self.check()
-        if not self.store.checkpoint(self._lease, encoded):
+        if not self._store.checkpoint(self._lease, encoded):
             reason = "checkpoint refused: the lease expired or was taken over"
-            self.mark_lost(reason)
+            self._mark_lost(reason)
             raise LeaseLost(f"lease {self.key!r} (owner {self.owner}, token {self.token}) "
                             f"is lost: {reason}; stop the protected work")
         self._checkpoint = json.loads(encoded)  # what a reader of the row gets back
@@ -135,7 +136,7 @@ class LeaseHandle:
         """The key's latest checkpoint: this execution's last one, else what a previous
         generation left (read from the store once), or None on a fresh key."""
         if self._checkpoint is _UNREAD:
-            record = self.store.get(self.key)
+            record = self._store.get(self.key)
             self._checkpoint = None if record is None else record.checkpoint
         return self._checkpoint
 
@@ -148,7 +149,7 @@ class LeaseHandle:
         store's database).
         """
         self.check()
-        return self.store.fenced(self._lease)
+        return self._store.fenced(self._lease)
 
     def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
                retry_same_key: bool = False, wait: float = 0.0) -> Any:
@@ -157,22 +158,27 @@ class LeaseHandle:
         Checks the lease first: a worker that lost its lease does not start new actions.
         """
         self.check()
-        return self.store.effects.once(key, payload, fn, lease=self._lease,
-                                       retry_same_key=retry_same_key, wait=wait)
+        return self._store.effects.once(key, payload, fn, lease=self._lease,
+                                        retry_same_key=retry_same_key, wait=wait)
 
-    # -- what the heartbeat writes --------------------------------------------------------
+    # -- what the heartbeat and the gate use ------------------------------------------------
 
-    def renewed(self, lease: Lease, *, sent_at: float) -> None:
+    @property
+    def _held_for(self) -> float:
+        """Seconds since the claim was sent."""
+        return time.monotonic() - self._claimed_at
+
+    def _renewed(self, lease: Lease, *, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` was accepted. Renewals may overlap (a slow store):
         only one sent later than the last accepted one moves the deadline."""
         with self._lock:
             if lease.cancel is not None:
                 self._cancel = lease.cancel
-            if sent_at + self.ttl > self._local_deadline:
+            if sent_at + self._ttl > self._local_deadline:
                 self._lease = lease
-                self._local_deadline = sent_at + self.ttl
+                self._local_deadline = sent_at + self._ttl
 
-    def mark_lost(self, reason: str) -> bool:
+    def _mark_lost(self, reason: str) -> bool:
         """Record the loss; return True the first time (so the loss is announced once)."""
         with self._lock:
             if self._lost_reason is not None:
@@ -180,10 +186,7 @@ class LeaseHandle:
             self._lost_reason = reason
             return True
 
-    @property
-    def local_deadline(self) -> float:
-        return self._local_deadline
-
     def __repr__(self) -> str:
-        state = f"lost: {self.lost_reason}" if self.lost else "held"
+        lost = self.lost
+        state = "held" if lost is None else f"lost: {lost}"
         return f"<LeaseHandle {self.key!r} token={self.token} owner={self.owner} {state}>"

@@ -96,16 +96,16 @@ class Heartbeat:
 
     def watch(self, handle: LeaseHandle) -> None:
         with self._wake:
-            handle.closed = False
+            handle._closed = False
             self._handles.add(handle)
             # The thread sleeps until its next due renewal: wake it only if this handle falls
             # due before that (a new claim usually does not: waking it costs every task).
-            if handle.next_renewal_at < self._sleeping_until:
+            if handle._next_renewal_at < self._sleeping_until:
                 self._wake.notify()
 
     def unwatch(self, handle: LeaseHandle) -> None:
         with self._wake:
-            handle.closed = True
+            handle._closed = True
             self._handles.discard(handle)
 
     def settle(self, handle: LeaseHandle) -> None:
@@ -115,9 +115,9 @@ class Heartbeat:
         under a living owner: a redelivery would complete the key, and Celery store the
         outcome a second time."""
         with self._wake:
-            handle.confirming = True
+            handle._confirming = True
             if handle not in self._handles:
-                handle.closed = False
+                handle._closed = False
                 self._handles.add(handle)
             self._to_settle.append(handle)
             if len(self._to_settle) == 1:  # later ones join the batch the thread will send
@@ -133,14 +133,14 @@ class Heartbeat:
         on a sender (a real OS thread) it would use the store the tasks share, which is not
         safe across OS threads there (lease_celery/green.py). Other greenlets run meanwhile."""
         if self._green:
-            handle.writing = True
+            handle._writing = True
             try:
                 write()
             except Exception:
                 logger.exception("lease background write failed")
             return
         with self._wake:
-            handle.writing = True
+            handle._writing = True
             self._queued[handle] = write
         self._enqueue(functools.partial(self._write_queued, handle))
 
@@ -206,16 +206,16 @@ class Heartbeat:
         with self._wake:
             # A handle with a background write pending is finishing, not abandoned; one whose
             # confirmation is pending is done (flush_settles sends it).
-            handles = [h for h in self._handles if not (h.writing or h.confirming)]
+            handles = [h for h in self._handles if not (h._writing or h._confirming)]
         released = 0
         for handle in handles:
             self.unwatch(handle)
             try:
-                if handle.store.release(handle.lease, reason=reason):
+                if handle._store.release(handle._lease, reason=reason):
                     released += 1
-                    handle.mark_lost(reason)
-                    signals.lease_released.send(sender=handle.task, key=handle.key,
-                                                lease=handle.lease, hold_time=handle.held_for)
+                    handle._mark_lost(reason)
+                    signals.lease_released.send(sender=handle._task, key=handle.key,
+                                                lease=handle._lease, hold_time=handle._held_for)
             except LeaseError as exc:
                 logger.warning("lease %s: not released at shutdown (%s); it will expire",
                                handle.key, exc)
@@ -230,15 +230,15 @@ class Heartbeat:
                 settles: list[LeaseHandle] = []
                 if self._to_settle and now >= self._settle_after:
                     settles, self._to_settle = self._to_settle, []
-                if settles or any(h.next_renewal_at <= now for h in self._handles):
+                if settles or any(h._next_renewal_at <= now for h in self._handles):
                     # Some lease is due: renew with it every lease due within half its
                     # interval. Renewing early is safe, and leases that started at different
                     # instants fall into one batch (one round trip per interval per store)
                     # instead of one round trip each.
                     due = [h for h in self._handles
-                           if h.next_renewal_at - h.heartbeat_interval / 2 <= now]
+                           if h._next_renewal_at - h._heartbeat_interval / 2 <= now]
                     return due, settles
-                wake_at = [h.next_renewal_at for h in self._handles]
+                wake_at = [h._next_renewal_at for h in self._handles]
                 if self._to_settle:
                     wake_at.append(self._settle_after)
                 self._sleeping_until = min(wake_at) if wake_at else math.inf
@@ -252,11 +252,11 @@ class Heartbeat:
         the owner's confirmation is what keeps the outcome from being stored twice)."""
         groups: dict[Store, list[LeaseHandle]] = defaultdict(list)
         for handle in handles:
-            groups[handle.store].append(handle)
+            groups[handle._store].append(handle)
         for store, group in groups.items():
             try:
                 # This thread's own copy of the store under green pools (green.thread_store).
-                answers = green.thread_store(store).settle_many([h.lease for h in group])
+                answers = green.thread_store(store).settle_many([h._lease for h in group])
             except LeaseError as exc:
                 logger.warning("lease settle confirmation failed (%s); %d retried", exc,
                                len(group))
@@ -266,11 +266,11 @@ class Heartbeat:
                     self._wake.notify()  # the scheduler recomputes when to wake
                 continue
             for handle, settled in zip(group, answers, strict=True):
-                handle.confirming = False
+                handle._confirming = False
                 self.unwatch(handle)
                 if settled:
-                    signals.lease_settled.send(sender=handle.task, key=handle.key,
-                                               lease=handle.lease)
+                    signals.lease_settled.send(sender=handle._task, key=handle.key,
+                                               lease=handle._lease)
                 else:
                     logger.warning("lease %s token %s: settle refused (completed by another "
                                    "delivery after the settle deadline)", handle.key,
@@ -283,14 +283,14 @@ class Heartbeat:
                 self._enqueue(functools.partial(self._send_settles, settles))
             groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
             for handle in due:
-                groups[handle.store, handle.ttl].append(handle)
+                groups[handle._store, handle._ttl].append(handle)
             for (store, ttl), handles in groups.items():
                 # Scheduled at sending, not when the reply comes: the next renewal goes out on
                 # time even while this one is still waiting for a slow store.
                 sent_at = time.monotonic()
-                delays = [max(0.0, sent_at - handle.next_renewal_at) for handle in handles]
+                delays = [max(0.0, sent_at - handle._next_renewal_at) for handle in handles]
                 for handle in handles:
-                    handle.next_renewal_at = sent_at + handle.heartbeat_interval
+                    handle._next_renewal_at = sent_at + handle._heartbeat_interval
                 # Under green pools, each sender renews through its own copy of the store.
                 self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
                                                    ttl, handles, sent_at, delays))
@@ -331,43 +331,43 @@ class Heartbeat:
             self._renew(store, ttl, handles, sent_at, delays)
         except Exception:
             for handle in handles:
-                handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
             raise
 
     def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle], sent_at: float,
                delays: list[float]) -> None:
         try:
-            renewed = store.renew_many([h.lease for h in handles], ttl=ttl)
+            renewed = store.renew_many([h._lease for h in handles], ttl=ttl)
         except LeaseError as exc:
             for handle in handles:
-                if handle.confirming:
+                if handle._confirming:
                     # Done: the confirmation (retried until it lands) decides, not a deadline.
-                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
-                elif time.monotonic() >= handle.local_deadline:
+                    handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                elif time.monotonic() >= handle._local_deadline:
                     self._lose(handle, f"store unreachable until the lease deadline ({exc})")
                 else:
                     logger.warning("lease %s token %s: renewal failed, retrying: %s",
                                    handle.key, handle.token, exc)
-                    handle.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                    handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
             return
         for handle, lease, delay in zip(handles, renewed, delays, strict=True):
-            if handle.closed or handle.writing:
+            if handle._closed or handle._writing:
                 continue  # finished or released meanwhile: a refusal now means nothing
-            if lease is None and handle.confirming:
+            if lease is None and handle._confirming:
                 # Settled by the confirmation whose reply is still on its way, or taken over
                 # past the deadline: nothing left to renew; the confirmation's answer says which.
                 self.unwatch(handle)
             elif lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:
-                handle.renewed(lease, sent_at=sent_at)
-                signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease,
+                handle._renewed(lease, sent_at=sent_at)
+                signals.lease_renewed.send(sender=handle._task, key=lease.key, lease=lease,
                                            delay=delay)
 
     def _lose(self, handle: LeaseHandle, reason: str) -> None:
         self.unwatch(handle)
-        if handle.mark_lost(reason):
+        if handle._mark_lost(reason):
             logger.warning("lease %s owner %s token %s lost: %s",
                            handle.key, handle.owner, handle.token, reason)
-            signals.lease_lost.send(sender=handle.task, key=handle.key, lease=handle.lease,
-                                    reason=reason, hold_time=handle.held_for)
+            signals.lease_lost.send(sender=handle._task, key=handle.key, lease=handle._lease,
+                                    reason=reason, hold_time=handle._held_for)

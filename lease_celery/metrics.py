@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import signals
+from .extras import needs
 
 __all__ = ["COUNTERS", "HISTOGRAMS", "reset", "serve", "snapshot"]
 
@@ -163,15 +164,13 @@ def reset() -> None:
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve the Prometheus metrics over HTTP (all prefork children's, in multiprocess mode)."""
-    try:
+    """Serve the Prometheus metrics over HTTP (all prefork children's, in multiprocess mode).
+
+    Needs prometheus_client: an ImportError naming ``pip install 'lease-celery[prometheus]'``
+    without it (the in-process figures, :func:`snapshot`, need nothing)."""
+    with needs("lease_celery.metrics.serve", "prometheus_client", extra="prometheus"):
         from prometheus_client import CollectorRegistry, start_http_server
         from prometheus_client.multiprocess import MultiProcessCollector
-    except ImportError as exc:
-        from .errors import ConfigError
-
-        raise ConfigError("metrics over HTTP need prometheus_client: "
-                          "pip install 'lease-celery[prometheus]'") from exc
     _prometheus_metrics()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()

@@ -33,12 +33,15 @@ from typing import Any
 
 from celery import current_task
 from celery import signals as celery_signals
-from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TracerProvider
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.util.types import AttributeValue
 
 from . import delivery, signals
+from .extras import needs
+
+with needs("lease_celery.otel", "opentelemetry-api", extra="otel"):
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TracerProvider
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = ["EVENTS", "LINK_HEADER", "RECENT_RUNS", "instrument", "is_instrumented",
            "uninstrument"]
@@ -263,9 +266,9 @@ def _effect_receiver(signal_name: str) -> Any:
     def receive(sender: Any = None, key: str | None = None, **fields: Any) -> None:
         # Sent by the store inside the body: the lease is the current task's.
         task = _current_task()
+        # Its LeaseHandle: key, token and fence, as a Lease has them.
         handle = getattr(getattr(task, "request", None), "lease", None)
-        lease = getattr(handle, "lease", None)
-        attributes = _attributes(outcome, getattr(lease, "key", None), fields, lease)
+        attributes = _attributes(outcome, getattr(handle, "key", None), fields, handle)
         if key is not None:
             attributes["lease.effect_key"] = key
         _emit(event, task, attributes, None)

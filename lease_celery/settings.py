@@ -111,7 +111,7 @@ def store_url_of(app: Any, task: Any = None) -> str:
         raise ConfigError(f"lease_store_url ({source}) must be a URL string, got {url!r}")
     try:
         store_class(url).check_url(url)
-    except (LeaseError, ValueError) as exc:
+    except (LeaseError, ValueError, ImportError) as exc:  # ImportError: the extra is missing
         raise ConfigError(f"lease_store_url ({source}) is not usable: {exc}") from exc
     return url
 

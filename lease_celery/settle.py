@@ -75,9 +75,9 @@ def freeze_links(request: Any) -> None:
 
 def confirm_stored(handle: LeaseHandle | None, state: str) -> None:
     """Celery stored the outcome of the execution holding ``handle``: end its settle phase."""
-    if handle is None or not handle.settling or state not in _STORED:
+    if handle is None or not handle._settling or state not in _STORED:
         return
-    handle.settling = False
+    handle._settling = False
     Heartbeat.for_process().settle(handle)
 
 
@@ -87,8 +87,8 @@ def _stop_renewing_unconfirmed(sender: Any = None, task: Any = None, **_: Any) -
     instead of an owner that is still alive holding it unsettled for ever."""
     request = getattr(task, "request", None)
     handle = getattr(request, "lease", None)
-    if isinstance(handle, LeaseHandle) and handle.settling:
-        handle.settling = False
+    if isinstance(handle, LeaseHandle) and handle._settling:
+        handle._settling = False
         Heartbeat.for_process().unwatch(handle)
         logger.warning("lease %s token %s: Celery did not store the outcome; a redelivery "
                        "completes it after the settle deadline", handle.key, handle.token)

@@ -213,7 +213,7 @@ class LeasedTask(AttemptEnding):
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
             raise
-        handle.body_duration = time.monotonic() - started
+        handle._body_duration = time.monotonic() - started
         return self._finish(handle, result, settings, args, kwargs, heartbeat)
 
     # -- before the body --------------------------------------------------------------------
@@ -289,7 +289,7 @@ class LeasedTask(AttemptEnding):
         handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
                              heartbeat_interval=settings.heartbeat_interval,
                              sent_at=sent_at, task=self)
-        handle.settling = True
+        handle._settling = True
         raise _Completion(handle, record)
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
@@ -325,7 +325,7 @@ class LeasedTask(AttemptEnding):
                     "(answer key %s, token %s)", record.key, record.state.value,
                     record.task_id, self.request.id, handle.key, handle.token)
         signals.duplicate_answered.send(sender=self, key=record.key, state=record.state.value,
-                                        record=record, lease=handle.lease)
+                                        record=record, lease=handle._lease)
         if record.state is LeaseState.DEAD:
             self._kill(handle, record.reason or "dead")
             raise LeaseDead(f"lease {record.key!r} is dead: {record.reason}")
@@ -346,7 +346,7 @@ class LeasedTask(AttemptEnding):
             raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}")
         settle_within = self._settle_within(settings)
         request = self.request
-        if (settle_within is None and settings.finishes_in_background(handle.body_duration)
+        if (settle_within is None and settings.finishes_in_background(handle._body_duration)
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:
@@ -357,7 +357,7 @@ class LeasedTask(AttemptEnding):
                 raise
             return result
         try:
-            accepted = handle.store.finish(handle.lease, result, settle_within=settle_within)
+            accepted = handle._store.finish(handle._lease, result, settle_within=settle_within)
         except ResultNotSerializable as exc:
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
@@ -370,14 +370,14 @@ class LeasedTask(AttemptEnding):
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=f"finish failed in the lease store ({exc})", eager_error=exc)
         if accepted and settle_within is not None:
-            handle.settling = True
+            handle._settling = True
         else:
             heartbeat.unwatch(handle)
         if not accepted:
             self._not_current(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
-                                    hold_time=handle.held_for, duration=handle.body_duration)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle._lease,
+                                    hold_time=handle._held_for, duration=handle._body_duration)
         return result
 
 

@@ -474,7 +474,7 @@ def test_a_task_that_lost_its_lease_starts_no_new_effect(
     lease = _claim(d, "job:42", "worker-d")
     refused = LeaseHandle(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
                           sent_at=time.monotonic())
-    refused.mark_lost("renewal refused")
+    refused._mark_lost("renewal refused")
     with pytest.raises(LeaseLost, match="renewal refused"):
         refused.effect(KEY, PAYLOAD, target.fn(PAYLOAD))
     overdue = LeaseHandle(lease, store=d, ttl=TTL, heartbeat_interval=1.0,

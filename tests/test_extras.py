@@ -17,6 +17,12 @@ no inherited ``PYTHON*`` variables and a working directory outside the repositor
 
 Each venv first proves it is isolated: lease_celery is imported from the venv, and the other
 extras' packages and pytest are not importable.
+
+And the other side, without a venv of its own: an install *without* an extra. A fresh
+interpreter in which the extra's packages cannot be imported (a ``sys.meta_path`` finder that
+says they are not there) imports every module of lease_celery that needs none, and each
+module or store that needs an extra raises an ImportError that names
+``pip install 'lease-celery[<extra>]'``.
 """
 
 from __future__ import annotations
@@ -40,8 +46,6 @@ import pytest
 from lease_celery import LeaseState, open_store
 from tests.rabbitmq import private_vhost
 from tests.servers import REDIS_URL
-
-pytestmark = pytest.mark.worker
 
 REPO = Path(__file__).resolve().parent.parent
 #: What a user's sdist would not carry either; copied trees stay small and clean.
@@ -222,6 +226,7 @@ def _check_task(result: dict[str, Any], venv: Path, store_url: str) -> None:
     assert record.result == result
 
 
+@pytest.mark.worker
 def test_redis_extra_runs_a_redis_broker_and_store(
         tmp_path: Path, wheel: Path, redis_client: Any, redis_store_url: str,
         scene: list[Scene]) -> None:
@@ -243,6 +248,7 @@ def test_redis_extra_runs_a_redis_broker_and_store(
     _check_task(out["result"], venv, redis_store_url)
 
 
+@pytest.mark.worker
 def test_postgres_extra_opens_a_postgres_store_for_a_rabbitmq_worker(
         tmp_path: Path, wheel: Path, postgres_url: str, scene: list[Scene]) -> None:
     """``lease-celery[postgres]`` on a fresh venv: a direct claim and finish on PostgreSQL,
@@ -261,6 +267,7 @@ def test_postgres_extra_opens_a_postgres_store_for_a_rabbitmq_worker(
     _check_task(out["result"], venv, postgres_url)
 
 
+@pytest.mark.worker
 def test_prometheus_extra_serves_worker_metrics(
         tmp_path: Path, wheel: Path, sqlite_url: str, scene: list[Scene]) -> None:
     """``lease-celery[prometheus]`` on a fresh venv: a prefork worker (filesystem broker,
@@ -287,3 +294,164 @@ def test_prometheus_extra_serves_worker_metrics(
     _check_task(out["result"], venv, sqlite_url)
     assert 'lease_celery_claims_total{task="extras_app.double"} 1.0' in out["metrics"], \
         out["metrics"]
+
+
+# -- without the extra -------------------------------------------------------------------------
+
+#: Every package lease_celery imports that its ``[project] dependencies`` do not bring: the
+#: extras' (``otel``, ``prometheus``, ``postgres``, ``redis``), and what only the third-party
+#: beat schedulers and the green pools import (they are never lease_celery's to install).
+OPTIONAL = ("opentelemetry", "prometheus_client", "psycopg", "psycopg_pool", "redis", "hiredis",
+            "redbeat", "django", "django_celery_beat", "gevent", "eventlet")
+
+#: The modules that need an extra to import at all, and that extra.
+NEEDS_EXTRA = {
+    "lease_celery.otel": "otel",
+    "lease_celery.stores.postgres": "postgres",
+    "lease_celery.stores.redis": "redis",
+    "lease_celery.stores.redis_wire": "redis",
+}
+
+#: Runs in a fresh interpreter: the packages named in ``EXTRAS_BLOCK`` cannot be imported
+#: (``find_spec`` says so, as on an install without them), then ``EXTRAS_STEP`` runs and what it
+#: raised is printed.
+WITHOUT = '''
+import importlib.abc
+import json
+import os
+import sys
+
+blocked = set(os.environ["EXTRAS_BLOCK"].split())
+assert not blocked & {name.partition(".")[0] for name in sys.modules}, "imported at start-up"
+
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+
+
+def raised(step):
+    try:
+        step()
+    except BaseException as exc:
+        return {"type": type(exc).__name__, "import_error": isinstance(exc, ImportError),
+                "message": str(exc)}
+    return None
+
+
+out = {}
+exec(os.environ["EXTRAS_STEP"])
+print("EXTRAS:" + json.dumps(out))
+'''
+
+
+def without(blocked: str, step: str) -> dict[str, Any]:
+    """Run ``step`` (which fills ``out``) in a fresh interpreter where ``blocked`` (package
+    names) cannot be imported; return ``out``."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**os.environ, "EXTRAS_BLOCK": blocked,
+                               "EXTRAS_STEP": textwrap.dedent(step)})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("EXTRAS:")]
+    assert done.returncode == 0 and lines, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("EXTRAS:"))
+    return result
+
+
+def test_every_module_that_needs_no_extra_imports_without_any() -> None:
+    """With none of the optional packages importable, ``import lease_celery`` and every one of
+    its modules imports, except those that need an extra (``NEEDS_EXTRA``): a module that
+    imported an optional package at its top would show up here."""
+    out = without(" ".join(OPTIONAL), """
+        import importlib
+        import pkgutil
+
+        import lease_celery
+
+        for info in pkgutil.walk_packages(lease_celery.__path__, "lease_celery."):
+            if not info.name.endswith("__main__"):  # runs the CLI
+                out[info.name] = raised(lambda: importlib.import_module(info.name))
+        """)
+    assert "lease_celery.cli" in out and "lease_celery.web.app" in out  # the walk went deep
+    failed = {name: error for name, error in out.items() if error is not None}
+    assert set(failed) <= set(NEEDS_EXTRA), failed
+
+
+@pytest.mark.parametrize(("extra", "blocked", "step"), [
+    pytest.param("otel", "opentelemetry", "import lease_celery.otel", id="otel"),
+    pytest.param("prometheus", "prometheus_client",
+                 "from lease_celery.metrics import serve; serve(0)", id="prometheus-serve"),
+    pytest.param("postgres", "psycopg psycopg_pool",
+                 "import lease_celery; lease_celery.open_store('postgresql://127.0.0.1:1/none')",
+                 id="postgres-store"),
+    pytest.param("postgres", "psycopg_pool",
+                 "import lease_celery; lease_celery.open_store('postgresql://127.0.0.1:1/none')",
+                 id="postgres-store-without-the-pool"),
+    pytest.param("redis", "redis hiredis",
+                 "import lease_celery; lease_celery.open_store('redis://127.0.0.1:1/0')",
+                 id="redis-store"),
+])
+def test_a_missing_extra_is_an_import_error_naming_it(extra: str, blocked: str,
+                                                       step: str) -> None:
+    """Without the extra's packages, using what needs them raises an ImportError whose message
+    names ``pip install 'lease-celery[<extra>]'`` (and the package that was not found)."""
+    out = without(blocked, f"out['error'] = raised(lambda: exec({step!r}))")
+    error = out["error"]
+    assert error is not None, f"{step!r} raised nothing without {blocked}"
+    assert error["import_error"], error
+    assert f"pip install 'lease-celery[{extra}]'" in error["message"], error
+    assert any(f"No module named '{name}'" in error["message"] for name in blocked.split()), error
+
+
+def test_a_missing_beat_scheduler_package_names_its_install() -> None:
+    """The third-party schedulers are not extras: their ImportError names the package's own
+    ``pip install`` (the same helper builds it)."""
+    out = without("redbeat", """
+        out['error'] = raised(
+            lambda: __import__('lease_celery.beat').beat.LeasedRedBeatScheduler)
+        """)
+    error = out["error"]
+    assert error is not None and error["import_error"], error
+    assert "pip install celery-redbeat" in error["message"], error
+    assert "No module named 'redbeat'" in error["message"], error
+
+
+def test_the_tools_name_a_missing_extra_in_one_line(tmp_path: Path) -> None:
+    """Without psycopg, ``leases --store postgresql://… list`` says in one line (no traceback,
+    exit 1) what to install, and ``doctor`` reports the app's PostgreSQL store as a finding
+    naming the extra."""
+    out = without("psycopg psycopg_pool", f"""
+        import contextlib, io, sys
+        from celery import Celery
+        from lease_celery.cli import leases
+        from lease_celery.doctor import diagnose
+
+        app = Celery("noextra", broker="memory://", set_as_current=False)
+        app.conf.lease_store_url = "sqlite:///{tmp_path}/l.sqlite3"
+        err = io.StringIO()
+
+        class Named:
+            load_error = None
+
+        Named.app = app
+        with contextlib.redirect_stderr(err):
+            try:
+                leases.main(["--store", "postgresql://127.0.0.1:1/none", "list"], obj=Named,
+                            standalone_mode=True)
+            except SystemExit as exc:
+                out["code"] = exc.code
+        out["stderr"] = err.getvalue()
+        app.conf.lease_store_url = "postgresql://127.0.0.1:1/none"
+        out["findings"] = [f.as_dict() for f in diagnose(app) if f.severity == "error"]
+        """)
+    assert out["code"] == 1, out
+    assert len(out["stderr"].strip().splitlines()) == 1, out["stderr"]
+    assert "pip install 'lease-celery[postgres]'" in out["stderr"]
+    assert "Traceback" not in out["stderr"]
+    messages = " ".join(f["message"] for f in out["findings"])
+    assert "lease_store_url" in messages and "pip install 'lease-celery[postgres]'" in messages

@@ -55,7 +55,7 @@ def test_heartbeat_keeps_a_lease_alive_well_past_its_ttl(store_url: str) -> None
             handle.check()
             assert handle.expires_at > first_deadline + 1.5
             assert store.claim("hb:alive", owner="other", ttl=1) is None
-            assert store.finish(handle.lease, "ok")
+            assert store.finish(handle._lease, "ok")
         finally:
             Heartbeat.for_process().unwatch(handle)
 
@@ -248,7 +248,7 @@ def _settling(store: Store, proxy: Any, key: str, *, ttl: float) -> LeaseHandle:
                          sent_at=sent_at)
     Heartbeat.for_process().watch(handle)
     assert store.finish(lease, 1, settle_within=ttl)
-    handle.settling = True
+    handle._settling = True
     return handle
 
 

@@ -74,15 +74,15 @@ def test_a_subclass_after_return_cannot_skip_the_settle_confirmation() -> None:
     lease = Lease("k", "me", 1, 0.0)
     handle = LeaseHandle(lease, store=store,  # type: ignore[arg-type]
                          ttl=10, heartbeat_interval=1, sent_at=0.0)
-    handle.settling = True
+    handle._settling = True
     app = Celery("settle-units-2", set_as_current=False)
     task = app.register_task(Mine())
     task.push_request(lease=handle)
     try:
         task.after_return("RETRY", None, "id", (), {}, None)
-        assert handle.settling and calls == ["RETRY"]
+        assert handle._settling and calls == ["RETRY"]
         task.after_return("SUCCESS", 1, "id", (), {}, None)
-        assert not handle.settling and calls == ["RETRY", "SUCCESS"]
+        assert not handle._settling and calls == ["RETRY", "SUCCESS"]
     finally:
         task.pop_request()
     Heartbeat.for_process().flush_settles()

@@ -250,7 +250,7 @@ def always_fails(self: LeasedTask, job_id: str, kind: str = "transient") -> None
     """Fail every time: ``transient`` raises RuntimeError, ``permanent`` ValueError (declared
     permanent on the task). Journals each body start with its token and lease attempt."""
     record("body_start", job_id=job_id, token=self.lease.token,
-           attempts=self.lease.lease.attempts, retries=self.request.retries,
+           attempts=self.lease._lease.attempts, retries=self.request.retries,
            task_id=self.request.id)
     raise (ValueError if kind == "permanent" else RuntimeError)(f"{kind} failure of {job_id}")
 
@@ -260,7 +260,7 @@ def always_fails(self: LeasedTask, job_id: str, kind: str = "transient") -> None
 def autoretried(self: LeasedTask, job_id: str) -> None:
     """Always raise RuntimeError, retried by Celery's own ``autoretry_for`` (max_retries=2)."""
     record("body_start", job_id=job_id, token=self.lease.token,
-           attempts=self.lease.lease.attempts, retries=self.request.retries)
+           attempts=self.lease._lease.attempts, retries=self.request.retries)
     raise RuntimeError(f"autoretried failure of {job_id}")
 
 
@@ -271,7 +271,7 @@ def kills_its_worker(self: LeasedTask, job_id: str) -> None:
     import signal as _signal
 
     record("body_start", job_id=job_id, token=self.lease.token,
-           takeovers=self.lease.lease.takeovers, task_id=self.request.id)
+           takeovers=self.lease._lease.takeovers, task_id=self.request.id)
     os.killpg(os.getpgrp(), _signal.SIGKILL)
 
 

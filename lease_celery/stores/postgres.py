@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigError, LeaseLost, StoreError
+from ..extras import needs
 from ..models import (
     EffectState,
     HistoryEntry,
@@ -59,14 +60,10 @@ from .base import (
 )
 from .queries import load_queries
 
-try:
+with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres"):
     import psycopg
     import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigError(
-        "the PostgreSQL lease store needs psycopg 3 and psycopg_pool: "
-        "pip install 'lease-celery[postgres]'") from exc
 
 __all__ = ["PostgresStore"]
 

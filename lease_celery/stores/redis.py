@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, StoreError
+from ..extras import needs
 from ..identity import owned_by
 from ..models import (
     EffectState,
@@ -53,20 +54,18 @@ from .base import (
     settle_deadline_offset,
 )
 from .queries import load_queries
-from .redis_options import connection_options
-from .redis_wire import ScriptCaller
+
+with needs("the Redis lease store", "redis-py", extra="redis"):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from .redis_options import connection_options
+    from .redis_wire import ScriptCaller
 
 #: Events kept per key, and across keys (``recent_history``), on Redis.
 HISTORY_PER_KEY = 100
 HISTORY_RECENT = 1000
-
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigError("the Redis lease store needs redis-py: pip install 'lease-celery[redis]'"
-                      ) from exc
 
 __all__ = ["RedisStore"]
 
