@@ -27,6 +27,7 @@ from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
 from .settings import LeaseSettings
 from .stores import Store, open_store
 from .task import LeasedTask
+from .wiring import install
 
 try:  # the installed distribution's, so it never drifts from pyproject.toml
     __version__: str = _metadata.version("lease-celery")
@@ -61,6 +62,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "fingerprint",
+    "install",
     "open_store",
     "signals",
 ]

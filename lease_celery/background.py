@@ -26,10 +26,10 @@ import logging
 from typing import Any
 
 from . import signals
+from .checks import EncodedResult, encode_result
 from .errors import StoreError
 from .handle import LeaseHandle
 from .heartbeat import Heartbeat
-from .stores.base import EncodedResult, encode_result
 
 __all__ = ["finish_in_background"]
 

@@ -25,7 +25,9 @@ from .doctor import diagnose
 from .errors import ConfigError, LeaseError
 from .models import HistoryEntry, LeaseRecord, LeaseState
 from .settings import store_url_of
-from .stores.base import Store, open_store
+from .stores.base import Store
+from .stores.registry import open_store
+from .stores.urls import redact
 from .sweeper import sweep_report
 
 __all__ = ["leases", "main"]
@@ -63,12 +65,14 @@ class Context:
 
     @property
     def store_url(self) -> str:
-        if self.store_override:
+        if self.store_override is not None:  # "" too: open_store names what is wrong
             return self.store_override
         try:
             return store_url_of(self.app)
         except ConfigError as exc:
             _refuse(f"{exc} (celery leases doctor explains the app's settings)")
+        except Exception as exc:  # the app's configuration itself did not load
+            _refuse(f"the app's configuration does not load: {type(exc).__name__}: {exc}")
 
     @contextmanager
     def store(self) -> Iterator[Store]:
@@ -78,6 +82,8 @@ class Context:
                 yield store
         except ConfigError as exc:
             _refuse(str(exc))
+        except ValueError as exc:  # a URL no store could even read
+            _refuse(f"lease store URL {redact(url)!r} is not usable: {exc}")
         except (LeaseError, ImportError) as exc:  # ImportError: the store's extra is missing
             raise click.ClickException(_one_line(str(exc))) from exc
 
@@ -104,7 +110,7 @@ def _printable(value: object) -> str:
 
 
 def _set_store(click_ctx: click.Context, _: click.Parameter, value: str | None) -> None:
-    if value and isinstance(click_ctx.obj, Context):
+    if value is not None and isinstance(click_ctx.obj, Context):
         click_ctx.obj.store_override = value
 
 
@@ -176,19 +182,22 @@ def _start(click_ctx: click.Context, store_url: str | None, as_json: bool) -> No
 def _named_app(click_ctx: click.Context) -> tuple[Any, BaseException | None]:
     """The app the user named, or None; and why it did not import (``python -m``).
 
-    Celery's program hands every command its default app when no ``-A`` was given: that
-    app is never the user's, so it counts as none."""
+    Celery's program hands every command its default app when no ``-A`` (nor ``$APP``) was
+    given: that app is never the user's, so it counts as none. An app that made itself the
+    default (``set_default()``) and was named is the user's."""
     from celery import _state
 
     obj = click_ctx.obj
     load_error = getattr(obj, "load_error", None)
     app = getattr(obj, "app", None) if obj is not None else None
     parent = click_ctx.parent
-    if parent is not None and "app" in parent.params and parent.params["app"] is None:
-        return None, load_error  # celery's program, no -A (nor $APP)
-    if app is None or app is _state.default_app:
-        return None, load_error
-    return app, load_error
+    if parent is not None and "app" in parent.params:  # celery's program: did -A name one?
+        named = parent.params["app"] is not None
+    elif isinstance(obj, _Loaded):  # python -m lease_celery: the app -A imported, if any
+        named = app is not None
+    else:  # a caller's own obj (Celery's CLIContext fills in the default app for none)
+        named = app is not None and app is not _state.default_app
+    return (app if named else None), load_error
 
 
 @leases.command(name="list")
@@ -292,7 +301,7 @@ def release(ctx: Context, key: str, reason: str) -> None:
             _operator(ctx, store, key, "release", reason)
     if not done:
         _fail(ctx, f"lease {key!r} is not running ({record.state.value if record else 'none'})")
-    _emit(ctx, {"released": key}, f"released {key}")
+    _emit(ctx, {"released": key}, f"released {_printable(key)}")
 
 
 @leases.command()
@@ -315,7 +324,7 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
     how = ("its holder stops at its next heartbeat" if record.state is LeaseState.RUNNING
            else "it will not run")
     _emit(ctx, {"cancelled": key, "state": record.state.value, "reason": record.cancel},
-          f"cancelled {key}: {how} ({record.cancel})")
+          f"cancelled {_printable(key)}: {how} ({_printable(record.cancel)})")
 
 
 @leases.command()
@@ -341,10 +350,15 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
             _fail(ctx, f"lease {key!r} is ready again, but its task cannot be re-published "
                        "(none is recorded on it): publish it yourself")
         assert record.task is not None
-        # A fresh start: Celery's retry count begins again, like the lease's attempts.
-        published = republish(ctx.app, record.task, retries=0).id
+        try:
+            # A fresh start: Celery's retry count begins again, like the lease's attempts.
+            published = republish(ctx.app, record.task, retries=0).id
+        except Exception as exc:  # the broker refused: the row stays ready for the sweeper
+            _fail(ctx, f"lease {key!r} is ready again, but its task could not be re-published "
+                       f"({type(exc).__name__}: {exc}); a worker's sweeper re-publishes it "
+                       "after lease_sweep_grace (or run celery leases sweep)")
     _emit(ctx, {"requeued": key, "task_id": published},
-          f"requeued {key}" + (f"; task {published} published" if published else ""))
+          f"requeued {_printable(key)}" + (f"; task {published} published" if published else ""))
 
 
 @leases.command()
@@ -442,8 +456,8 @@ def web(ctx: Context, host: str, port: int, token: str | None) -> None:
 def _state_of(record: LeaseRecord) -> str:
     """The record's state as an operator needs it: a pending cancel or a settle phase too."""
     if record.state is LeaseState.RUNNING and record.cancel:
-        return (f"running, with a cancel pending ({record.cancel}): its holder stops at its "
-                "next heartbeat, and the key then ends dead")
+        return (f"running, with a cancel pending ({_printable(record.cancel)}): its holder "
+                "stops at its next heartbeat, and the key then ends dead")
     if record.settling:
         return f"{record.state.value} (settling: its owner is confirming the outcome)"
     return record.state.value
@@ -453,7 +467,7 @@ def _fail(ctx: Context, message: str) -> NoReturn:
     if ctx.as_json:
         click.echo(json.dumps({"error": message}))
     else:
-        click.echo(message, err=True)
+        click.echo(_printable(_one_line(message)), err=True)
     sys.exit(1)
 
 

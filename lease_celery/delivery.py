@@ -16,7 +16,8 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from .stores.base import Store, open_store
+from .stores.base import Store
+from .stores.registry import open_store
 
 __all__ = ["body_signature", "republish", "republish_later", "shared_store", "task_info"]
 

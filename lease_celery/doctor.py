@@ -15,10 +15,19 @@ from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from .apps import is_leased
 from .errors import LeaseError
 from .names import FIXES, name_problems
-from .settings import LeaseSettings, resolve_settings, retention, sweep_grace
-from .stores.base import open_store
+from .settings import (
+    LeaseSettings,
+    metrics_port,
+    resolve_settings,
+    retention,
+    sweep_grace,
+    sweep_interval,
+)
+from .stores.registry import open_store
+from .stores.urls import redact
 
 __all__ = ["Finding", "diagnose", "leased_tasks"]
 
@@ -56,7 +65,15 @@ def diagnose(app: Any, *, store_url: str | None = None,
         return [Finding("app.import", "error", "ownership",
                         f"the app does not import: {why} (fix the module, then run doctor "
                         "again)")]
-    tasks, findings = leased_tasks(app)
+    try:
+        app.conf.get("lease_store_url")  # Celery loads the configuration on the first read
+    except Exception as exc:
+        return [Finding("app.config", "error", "ownership",
+                        f"the app's configuration does not load: {_one_line(exc)} (fix what "
+                        "config_from_object names, then run doctor again)")]
+    findings = import_task_modules(app)
+    tasks, made = leased_tasks(app)
+    findings += made
     findings += [Finding(p.code, "error", "ownership", p.message)
                  for p in name_problems(app, tasks)]
     settings_by_task: dict[str, LeaseSettings] = {}
@@ -72,7 +89,7 @@ def diagnose(app: Any, *, store_url: str | None = None,
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
             findings.append(_invalid(exc))
-    for app_setting in (sweep_grace, retention):
+    for app_setting in (sweep_grace, retention, sweep_interval, metrics_port):
         try:
             app_setting(app)
         except LeaseError as exc:
@@ -96,6 +113,34 @@ def diagnose(app: Any, *, store_url: str | None = None,
     return sorted(unique, key=lambda f: order[f.severity])
 
 
+def import_task_modules(app: Any) -> list[Finding]:
+    """Import the modules the app names for its tasks (``imports``, ``include``, and what
+    ``autodiscover_tasks`` registered), as a worker does at start, so doctor judges the tasks
+    defined there; each module that does not import is a finding."""
+    findings: list[Finding] = []
+    from celery import signals as celery_signals
+
+    try:  # autodiscover_tasks hooks itself to this signal
+        for _, response in celery_signals.import_modules.send(sender=app):
+            if isinstance(response, Exception):
+                findings.append(Finding("app.import", "error", "ownership",
+                                        f"the app's task modules do not import: "
+                                        f"{_one_line(response)}"))
+        modules = list(app.loader.default_modules)
+    except Exception as exc:
+        return [*findings, Finding("app.import", "error", "ownership",
+                                   f"the app's task modules cannot be listed: {_one_line(exc)}")]
+    for module in modules:
+        try:
+            app.loader.import_task_module(module)
+        except Exception as exc:
+            findings.append(Finding(
+                "app.import", "error", "ownership",
+                f"task module {module} (the app's imports/include) does not import: "
+                f"{_one_line(exc)}; a worker would not start"))
+    return findings
+
+
 def leased_tasks(app: Any) -> tuple[list[Any], list[Finding]]:
     """The app's LeasedTasks, and a finding per task that could not be made or bound.
 
@@ -104,8 +149,6 @@ def leased_tasks(app: Any) -> tuple[list[Any], list[Finding]]:
     after it are left unmade. Here each is made and bound on its own, so one bad task is a
     finding and the others are still judged."""
     from celery.utils.functional import maybe_evaluate
-
-    from .task import LeasedTask
 
     findings: list[Finding] = []
     try:
@@ -124,7 +167,7 @@ def leased_tasks(app: Any) -> tuple[list[Any], list[Finding]]:
                 task.bind(app)  # idempotent for the tasks bound before the failure
             except Exception as more:
                 findings.append(_invalid(more))
-    return [t for t in registry.values() if isinstance(t, LeasedTask)], findings
+    return [t for t in registry.values() if is_leased(t)], findings
 
 
 def _invalid(exc: BaseException) -> Finding:
@@ -310,7 +353,7 @@ def _store(url: str) -> list[Finding]:
             store.get("lease_celery:doctor")  # a real read: connection, schema, file format
     except (LeaseError, ValueError, ImportError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
-                        f"lease store {url} cannot be used: {exc}")]
+                        f"lease store {redact(url)} cannot be used: {exc}")]
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
         return _redis_eviction(url)

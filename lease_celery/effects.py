@@ -19,11 +19,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 
 from . import signals
+from .checks import check_key, check_ttl, encode_result
 from .errors import (
     EffectConflict,
     EffectOutcomeUnknown,
@@ -33,7 +34,9 @@ from .errors import (
     ResultNotSerializable,
 )
 from .models import EffectState, Lease, LeaseState, Receipt
-from .stores.base import Store, check_key, check_ttl, encode_result
+
+if TYPE_CHECKING:  # the store builds its Effects: at run time this module needs no store
+    from .stores.base import Store
 
 __all__ = ["Effects", "fingerprint"]
 

@@ -313,7 +313,7 @@ def thread_store(store: S) -> S:
     key = (_original("_thread", "get_ident")(), id(store))
     found = _own_stores.get(key)
     if found is None:
-        from .stores.base import open_store
+        from .stores.registry import open_store
 
         found = _own_stores[key] = (store, open_store(url, clock=getattr(store, "_clock", None)))
     return cast(S, found[1])

@@ -9,9 +9,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from . import green
+from .checks import encode_checkpoint
 from .errors import LeaseCancelled, LeaseLost
 from .models import Lease
-from .stores.base import Store, encode_checkpoint
+from .stores.base import Store
 
 __all__ = ["LeaseHandle"]
 

@@ -121,6 +121,12 @@ _RECEIVERS = {
     "stale_result_rejected": _receiver("stale_refused", _reason),
     "duplicate_answered": _receiver("answered", _answered),
 }
-for _name, _receive in _RECEIVERS.items():
-    getattr(signals, _name).connect(_receive, weak=False)
-atexit.register(flush)
+
+
+def install() -> None:
+    """Record lapses, refusals and answers in the history, and flush at exit (wiring)."""
+    for name, receive in _RECEIVERS.items():
+        getattr(signals, name).connect(receive, weak=False,
+                                       dispatch_uid=f"lease_celery.history.{name}")
+    atexit.unregister(flush)  # once, however often installed
+    atexit.register(flush)

@@ -13,8 +13,8 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .checks import check_key
 from .errors import ConfigError, InvalidKey
-from .stores.base import check_key
 
 __all__ = ["KeySpec", "check_key_spec", "resolve_key"]
 

@@ -139,8 +139,11 @@ def _receiver(signal_name: str) -> Any:
     return receive
 
 
-for _signal_name in COUNTERS:
-    getattr(signals, _signal_name).connect(_receiver(_signal_name), weak=False)
+def install() -> None:
+    """Count lease_celery's signals in this process (wiring)."""
+    for signal_name in COUNTERS:
+        getattr(signals, signal_name).connect(_receiver(signal_name), weak=False,
+                                              dispatch_uid=f"lease_celery.metrics.{signal_name}")
 
 
 def snapshot() -> dict[str, Any]:

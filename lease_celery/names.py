@@ -12,6 +12,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from .apps import MARKER, is_leased
+
 __all__ = ["APP_ONLY", "FIXES", "TASK_ONLY", "TASK_OR_APP", "NameProblem", "name_problems"]
 
 #: Settings a task attribute overrides (``lease_celery.settings``).
@@ -104,13 +106,11 @@ def _settings_problems(app: Any) -> list[NameProblem]:
 
 
 def _task_problems(task: Any) -> list[NameProblem]:
-    from .task import LeasedTask
-
     problems: list[NameProblem] = []
     name = getattr(task, "name", None) or type(task).__name__
     seen: set[str] = set()
     for klass in type(task).__mro__:
-        if klass is LeasedTask or not issubclass(klass, LeasedTask):
+        if MARKER in vars(klass) or not is_leased(klass):
             break  # LeasedTask's own members (lease_settings, lease_store …) are the library's
         for attr in vars(klass):
             if not attr.startswith("lease_") or attr in seen or attr in _TASK_OPTIONS:

@@ -7,15 +7,19 @@ default. Every refusal names the setting and where its value came from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_ttl
 from .errors import ConfigError, LeaseError
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
-from .stores.base import DEFAULT_SWEEP_GRACE, check_ttl, store_class
+from .stores.base import DEFAULT_SWEEP_GRACE
+from .stores.registry import store_class
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings",
-           "resolve_settings", "retention", "store_url_of", "sweep_grace"]
+           "metrics_port", "resolve_settings", "retention", "store_url_of", "sweep_grace",
+           "sweep_interval"]
 
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
@@ -130,6 +134,51 @@ def retention(app: Any) -> float:
         raise ConfigError(f"lease_retention (setting lease_retention) must be a number of "
                           f"seconds >= 0 (0 keeps rows forever), got {value!r}")
     return float(value)
+
+
+def sweep_interval(app: Any) -> float | None:
+    """``lease_sweep_interval``: seconds between the workers' sweeps (0: no sweeper), or None
+    when unset (the workers then sweep every half of their shortest ttl)."""
+    value = _app_setting(app, "lease_sweep_interval")
+    if value is None:
+        return None
+    number = _number(value)
+    if number is None or not number >= 0 or not math.isfinite(number):
+        raise ConfigError(f"lease_sweep_interval (setting lease_sweep_interval) must be a "
+                          f"number of seconds >= 0 (0 turns the sweeper off), got {value!r}")
+    return number
+
+
+def metrics_port(app: Any) -> int | None:
+    """``lease_metrics_port``: the port the workers serve Prometheus metrics on, or None."""
+    value = _app_setting(app, "lease_metrics_port")
+    number = None if value is None else _number(value)
+    if number == 0 or value is None:
+        return None
+    if number is None or number != int(number) or not 0 < number < 65536:
+        raise ConfigError(f"lease_metrics_port (setting lease_metrics_port) must be a port "
+                          f"number (1-65535), got {value!r}")
+    return int(number)
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a number: an int, a float, or their text (settings read from the
+    environment are text); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _app_setting(app: Any, name: str) -> Any:
+    conf = getattr(app, "conf", None)
+    return conf.get(name) if conf is not None else None
 
 
 def sweep_grace(app: Any) -> float:

@@ -94,4 +94,7 @@ def _stop_renewing_unconfirmed(sender: Any = None, task: Any = None, **_: Any) -
                        "completes it after the settle deadline", handle.key, handle.token)
 
 
-celery_signals.task_postrun.connect(_stop_renewing_unconfirmed, weak=False)
+def install() -> None:
+    """Stop renewing an outcome Celery did not store, after each task (wiring)."""
+    celery_signals.task_postrun.connect(_stop_renewing_unconfirmed, weak=False,
+                                        dispatch_uid="lease_celery.settle.task_postrun")

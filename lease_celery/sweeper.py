@@ -29,11 +29,13 @@ from typing import Any
 from celery import shared_task
 
 from . import green, history, signals
+from .apps import leased_tasks
 from .delivery import republish, shared_store
 from .errors import LeaseError
 from .models import LeaseRecord
 from .settings import retention, sweep_grace
-from .stores.base import PURGE_BATCH, Store, open_store
+from .stores.base import PURGE_BATCH, Store
+from .stores.registry import open_store
 
 __all__ = ["SweepReport", "SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app",
            "sweep_report"]
@@ -126,10 +128,7 @@ def prune(app: Any, store: Store, *, limit: int = PURGE_BATCH) -> int:
 
 def leased_store_urls(app: Any) -> list[str]:
     """The distinct lease stores used by the app's LeasedTasks."""
-    from .task import LeasedTask
-
-    return sorted({task.lease_settings.store_url for task in app.tasks.values()
-                   if isinstance(task, LeasedTask)})
+    return sorted({task.lease_settings.store_url for task in leased_tasks(app)})
 
 
 def sweep_app(app: Any, *, limit: int = 100) -> list[LeaseRecord]:

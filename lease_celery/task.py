@@ -20,12 +20,11 @@ from typing import Any, ClassVar
 
 from celery.exceptions import Ignore
 
-# history, metrics, timelimits and worker: imported for their signal wiring, done once per
-# process.
-from . import history, metrics, signals, timelimits, worker  # noqa: F401
+from . import signals
 from .answers import Answer, answer_key
 from .attempts import AttemptEnding
 from .background import finish_in_background
+from .checks import check_ttl
 from .delivery import body_signature, shared_store, task_info
 from .errors import (
     ConfigError,
@@ -43,8 +42,9 @@ from .keys import KeySpec, check_key_spec, resolve_key
 from .models import Lease, LeaseRecord, LeaseState
 from .settings import LeaseSettings, resolve_settings
 from .settle import confirm_stored, freeze_links
-from .stores.base import Store, check_ttl
+from .stores.base import Store
 from .unique import existing_holder
+from .wiring import install
 
 __all__ = ["LeasedTask"]
 
@@ -95,6 +95,8 @@ class LeasedTask(AttemptEnding):
     lease_retry_time_limits: ClassVar[bool | None] = None
     lease_finish_in_background: ClassVar[bool | str | None] = None
     lease_unique: ClassVar[bool] = False
+    #: Marks leased tasks for the modules under the gate (``lease_celery.apps.is_leased``).
+    __lease_celery_task__: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -120,7 +122,9 @@ class LeasedTask(AttemptEnding):
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        # Binding happens when the app is finalized: at worker start at the latest.
+        # Binding happens when the app is finalized: in a worker, before worker_init (Celery
+        # lists the tasks' modules first), so the worker's receivers are connected in time.
+        install()
         cls._lease_settings = resolve_settings(app, cls)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .stores.base import Clock, Store, open_store
+from .stores.base import Clock, Store
+from .stores.registry import open_store
 
 __all__ = ["ManualClock", "scratch_store"]
 

@@ -17,6 +17,7 @@ from typing import Any
 from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 
+from .apps import is_leased
 from .delivery import republish, shared_store
 from .errors import LeaseError
 from .keys import resolve_key
@@ -59,9 +60,7 @@ def end_after_hard_time_limit(task: Any, task_id: str, args: Any, kwargs: Any,
 def _on_task_failure(sender: Any = None, task_id: str | None = None,
                      exception: BaseException | None = None, args: Any = None,
                      kwargs: Any = None, **_: Any) -> None:
-    from .task import LeasedTask
-
-    if (not isinstance(sender, LeasedTask) or not isinstance(exception, TimeLimitExceeded)
+    if (not is_leased(sender) or not isinstance(exception, TimeLimitExceeded)
             or task_id is None or getattr(sender.request, "lease", None) is not None):
         return  # not a hard limit told by the pool (a body raising it is handled there)
     try:
@@ -71,4 +70,7 @@ def _on_task_failure(sender: Any = None, task_id: str | None = None,
                        "expires and the sweeper runs it again", task_id, exc)
 
 
-celery_signals.task_failure.connect(_on_task_failure, weak=False)
+def install() -> None:
+    """Record hard time limits the pool told on the lease (wiring)."""
+    celery_signals.task_failure.connect(_on_task_failure, weak=False,
+                                        dispatch_uid="lease_celery.timelimits.task_failure")

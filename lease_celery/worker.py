@@ -15,10 +15,12 @@ from typing import Any
 from celery import signals as celery_signals
 
 from . import history
+from .apps import leased_tasks
 from .errors import LeaseError
 from .heartbeat import Heartbeat
-from .settings import retention, sweep_grace
-from .stores.base import open_store
+from .names import name_problems
+from .settings import metrics_port, retention, sweep_grace, sweep_interval
+from .stores.registry import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
 __all__ = ["release_held_leases"]
@@ -65,6 +67,8 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
     try:
         sweep_grace(app)
         retention(app)
+        sweep_interval(app)
+        metrics_port(app)
     except LeaseError as exc:
         raise SystemExit(f"lease_celery: {exc}") from exc
     for url in leased_store_urls(app):
@@ -81,14 +85,10 @@ def _log_name_problems(sender: Any = None, instance: Any = None, **_: Any) -> No
     """Once at start (logging is set up by then): every ``lease_*`` name of the app that
     lease_celery never reads, as ``celery leases doctor`` reports it. A misspelled name
     breaks nothing, so the worker still starts; it just does nothing."""
-    from .names import name_problems
-    from .task import LeasedTask
-
     app = getattr(instance, "app", None)
     if app is None:
         return
-    tasks = [t for t in app.tasks.values() if isinstance(t, LeasedTask)]
-    for problem in name_problems(app, tasks):
+    for problem in name_problems(app, leased_tasks(app)):
         logger.warning("lease_celery: %s", problem.message)
 
 
@@ -101,11 +101,11 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     if app is None or not leased_store_urls(app):
         return
     interval = _sweep_interval(app)
-    port = app.conf.get("lease_metrics_port")
+    port = metrics_port(app)
     if port:
         from .metrics import serve
 
-        serve(int(port), app.conf.get("lease_metrics_addr") or "127.0.0.1")
+        serve(port, app.conf.get("lease_metrics_addr") or "127.0.0.1")
         logger.info("lease metrics served on port %s", port)
     if interval <= 0:
         return
@@ -128,18 +128,19 @@ def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
 
 
 def _sweep_interval(app: Any) -> float:
-    from .task import LeasedTask
-
-    configured = app.conf.get("lease_sweep_interval")
+    configured = sweep_interval(app)
     if configured is not None:
-        return float(configured)
-    ttls = [task.lease_settings.ttl for task in app.tasks.values()
-            if isinstance(task, LeasedTask)]
+        return configured
+    ttls = [task.lease_settings.ttl for task in leased_tasks(app)]
     return min(ttls) / 2 if ttls else 0.0
 
 
-celery_signals.worker_init.connect(_check_stores, weak=False)
-celery_signals.celeryd_after_setup.connect(_log_name_problems, weak=False)
-celery_signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
-celery_signals.worker_ready.connect(_start_sweeper, weak=False)
-celery_signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+def install() -> None:
+    """Connect the worker's lifecycle signals (wiring)."""
+    for signal, receiver in ((celery_signals.worker_init, _check_stores),
+                             (celery_signals.celeryd_after_setup, _log_name_problems),
+                             (celery_signals.worker_process_shutdown, _on_process_shutdown),
+                             (celery_signals.worker_ready, _start_sweeper),
+                             (celery_signals.worker_shutdown, _on_worker_shutdown)):
+        signal.connect(receiver, weak=False,
+                       dispatch_uid=f"lease_celery.worker.{receiver.__name__}")

@@ -9,8 +9,15 @@ import pytest
 
 REDIS_HOST = os.environ.get("LEASE_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("LEASE_TEST_REDIS_PORT", "6379"))
-#: The Redis database this test run owns; it is flushed before and after the run.
-REDIS_DB = int(os.environ.get("LEASE_TEST_REDIS_DB", "11"))
+#: The Redis databases a run's pytest-xdist workers own (gw0 the first), one each: a run
+#: flushes its own before and after, so parallel workers must not share one. The others in
+#: use: 7 (beat tests, queues of their own), 9 and 14-15 (benchmarks), 12 (the demo), 13
+#: (store tests, a key prefix per test).
+WORKER_DBS = (11, 10, 8, 6, 5, 4, 3, 2)
+#: This process's xdist worker number (0 without xdist).
+WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+#: The Redis database this test process owns; it is flushed before and after the run.
+REDIS_DB = int(os.environ.get("LEASE_TEST_REDIS_DB", str(WORKER_DBS[WORKER_INDEX])))
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
 
 

@@ -17,7 +17,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from lease_celery import LeaseState, Store, open_store
-from lease_celery.stores.base import encode_checkpoint
+from lease_celery.checks import encode_checkpoint
 from tests.conftest import fresh_store_url
 from tests.policy_helpers import (
     CELERY,

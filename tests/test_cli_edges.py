@@ -210,3 +210,90 @@ def test_a_bad_app_setting_is_one_line(sqlite_url: str, tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "lease_store_url" in proc.stderr and "mysql" in proc.stderr
+
+
+def _app_module(tmp_path: Path, name: str, body: str) -> dict[str, str]:
+    """Write ``tmp_path/name.py`` (an app module) and return the environment that imports it."""
+    (tmp_path / f"{name}.py").write_text(
+        "from celery import Celery\nfrom lease_celery import LeasedTask\n" + body)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+
+
+def test_requeue_whose_publish_fails_is_one_line(sqlite_url: str, tmp_path: Path) -> None:
+    """``requeue`` on a broker that refuses (its port closed): one line saying the row is ready
+    again and the sweeper re-publishes it, exit 1, no traceback."""
+    env = _app_module(tmp_path, "requeue_closed", (
+        "app = Celery('rq', broker='redis://127.0.0.1:1/0', set_as_current=False)\n"
+        f"app.conf.update(lease_store_url={sqlite_url!r}, broker_connection_timeout=1,\n"
+        "                task_publish_retry=False)\n"))
+    task = {"task": "requeue_closed.work", "args": [], "kwargs": {},
+            "options": {"task_id": "rq-1"}}
+    with open_store(sqlite_url) as store:
+        lease = store.claim("rq:dead", owner="w", ttl=600, task=task)
+        assert lease is not None and store.kill(lease, reason="given up")
+    proc = run_cli(["requeue", "rq:dead"], env=env, cwd=tmp_path,
+                   program=[sys.executable, "-m", "celery", "-A", "requeue_closed", "leases"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "ready again" in proc.stderr and "could not be re-published" in proc.stderr
+
+
+def test_an_app_whose_configuration_does_not_load_is_one_line(tmp_path: Path) -> None:
+    """``config_from_object`` of a module that does not exist fails when Celery first reads
+    the configuration: a store command says so in one line (exit 2), doctor as a finding."""
+    env = _app_module(tmp_path, "badconf_app", (
+        "app = Celery('badconf', set_as_current=False)\n"
+        "app.config_from_object('nosuch_config_module')\n"))
+    for command, code in (("list", 2), ("doctor", 1)):
+        proc = run_cli([command], env=env, cwd=tmp_path,
+                       program=[sys.executable, "-m", "celery", "-A", "badconf_app", "leases"])
+        assert proc.returncode == code, (command, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert "nosuch_config_module" in proc.stdout + proc.stderr
+
+
+def test_an_app_set_as_default_is_an_app(sqlite_url: str, tmp_path: Path) -> None:
+    """An app that calls ``set_default()`` is still the app ``-A`` named."""
+    env = _app_module(tmp_path, "defaulted_app", (
+        "app = Celery('defaulted', broker='memory://')\n"
+        f"app.conf.lease_store_url = {sqlite_url!r}\n"
+        "app.set_default()\n"))
+    for program in ([sys.executable, "-m", "celery", "-A", "defaulted_app", "leases"],
+                    [sys.executable, "-m", "lease_celery", "-A", "defaulted_app"]):
+        proc = run_cli(["--json", "stats"], env=env, cwd=tmp_path, program=program)
+        assert proc.returncode == 0, (program, proc.stderr)
+
+
+def test_operator_commands_escape_keys_and_reasons(sqlite_url: str, cli: Cli) -> None:
+    """``release``, ``cancel`` and ``requeue`` print keys and reasons with their control and
+    format characters escaped (a terminal title, a bidi override, a newline)."""
+    key = "op\n\x1b]0;title\x07\u202ekey"
+    shown = r"op\n\x1b]0;title\x07\u202ekey"
+    with open_store(sqlite_url) as store:
+        assert store.claim(key, owner="w", ttl=600) is not None
+    released = cli("release", key, "--reason", "why\x1b[31m")
+    assert released.returncode == 0, released.stderr
+    assert shown in released.stdout and "\x1b" not in released.stdout
+    with open_store(sqlite_url) as store:
+        assert store.claim(key, owner="w", ttl=600) is not None
+    cancelled = cli("cancel", key, "--reason", "stop\nnow\u202e")
+    assert cancelled.returncode == 0, cancelled.stderr
+    out = cancelled.stdout
+    assert shown in out and "\x1b" not in out and "\u202e" not in out
+    assert len(out.strip().splitlines()) == 1, out
+    pending = cli("requeue", key)
+    assert pending.returncode == 1
+    assert "\u202e" not in pending.stderr and "\x1b" not in pending.stderr
+    assert len(pending.stderr.strip().splitlines()) == 1, pending.stderr
+
+
+@pytest.mark.parametrize("url", ["postgresql://[::1/x", "redis://[::1/0", "sqlite://[x/y",
+                                 "sqlite:////tmp/pct%00x.sqlite3", ""])
+def test_a_malformed_store_url_is_one_line(url: str, cli: Cli) -> None:
+    """A ``--store`` URL that is no URL at all (a broken IPv6 host, a NUL byte, empty): one
+    line naming it, exit 2."""
+    proc = cli("list", "--store", url)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -285,3 +285,49 @@ def test_worker_logs_name_findings_once_at_start(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.count("lease_tll") == 1 and "did you mean lease_ttl?" in text, text
     assert text.count("lease_keys") == 1 and "did you mean lease_key?" in text, text
+
+
+def test_doctor_imports_the_apps_task_modules(sqlite_url: str, tmp_path: Path) -> None:
+    """Tasks in a module the app ``include``s are judged (doctor used to see no LeasedTask);
+    an included module that does not import is a finding."""
+    (tmp_path / "included_tasks.py").write_text(
+        "from lease_celery import LeasedTask\n"
+        "from included_app import app\n"
+        "@app.task(base=LeasedTask, bind=True, lease_keys='x:{a}')\n"
+        "def job(self, a):\n"
+        "    return a\n")
+    (tmp_path / "included_app.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('included', broker='redis://127.0.0.1:6379/11', set_as_current=False,\n"
+        "             include=['included_tasks', 'nosuch_tasks_module'])\n"
+        f"app.conf.lease_store_url = {sqlite_url!r}\n")
+    env = cli_env(sqlite_url, {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
+    proc = run_cli(["doctor"], env=env, cwd=tmp_path,
+                   program=[*CELERY_PROGRAM, "-A", "included_app", "leases"])
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout
+    assert "lease_keys" in proc.stdout and "did you mean lease_key?" in proc.stdout
+    assert "nosuch_tasks_module" in proc.stdout and "tasks.none" not in proc.stdout
+
+
+@pytest.mark.parametrize(("conf", "name"), [
+    ({"lease_sweep_interval": "5m"}, "lease_sweep_interval"),
+    ({"lease_metrics_port": "abc"}, "lease_metrics_port"),
+    ({"lease_metrics_port": 70000}, "lease_metrics_port")])
+def test_worker_settings_doctor_used_to_pass(sqlite_url: str, conf: dict[str, Any],
+                                             name: str) -> None:
+    """Values the worker's sweeper and metrics server cannot use (it would have failed inside
+    a signal handler, silently) are error findings naming the setting."""
+    text = " ".join(errors_of(diagnose(leased_app(sqlite_url, **conf))).get("settings.invalid",
+                                                                          []))
+    assert name in text and "fix:" in text, text
+
+
+def test_doctor_never_shows_a_store_password(tmp_path: Path) -> None:
+    """A store URL with a password is named without it, in text and in JSON."""
+    app = leased_app("postgresql://user:s3cret@127.0.0.1:1/x?connect_timeout=1")
+    findings = diagnose(app)
+    assert "store.unreachable" in {f.code for f in findings}
+    assert all("s3cret" not in f.message for f in findings), findings
+    found = diagnose(app, store_url="postgresql://user:s3cret@127.0.0.1:1/x?connect_timeout=1")
+    assert all("s3cret" not in f.message for f in found)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from lease_celery import EffectOutcomeUnknown, LeasedTask, metrics, open_store, signals
+from lease_celery import EffectOutcomeUnknown, LeasedTask, install, metrics, open_store, signals
 from lease_celery.sweeper import sweep
 from tests.policy_helpers import free_port, scrape, wait_until
 from tests.workers import WorkerPool
@@ -26,7 +26,9 @@ def test_every_signal_has_a_counter_and_moves_it() -> None:
     """Each signal in ``lease_celery.signals.__all__`` maps to its own counter in
     ``metrics.COUNTERS`` (and nothing else does); histogram sources are real signals; sending a
     signal adds one to its counter; with prometheus_client each counter and histogram exists
-    as a Prometheus metric."""
+    as a Prometheus metric (once ``install()`` connected the counters, as binding a LeasedTask
+    does)."""
+    install()
     assert set(metrics.COUNTERS) == set(signals.__all__)
     assert len(set(metrics.COUNTERS.values())) == len(metrics.COUNTERS)
     for sources, _ in metrics.HISTOGRAMS.values():
@@ -187,7 +189,9 @@ def slow_counter(*args, **kwargs):
     time.sleep(0.01)  # a thread switch while the metrics are being made, made certain
     return real_counter(*args, **kwargs)
 prometheus_client.Counter = slow_counter
+import lease_celery
 from lease_celery import signals
+lease_celery.install()  # what binding a LeasedTask does; this script binds none
 barrier = threading.Barrier(4)
 def claim():
     barrier.wait()

@@ -16,7 +16,7 @@ import redis
 
 from lease_celery.errors import StoreError
 from lease_celery.stores import redis_wire
-from lease_celery.stores.base import open_store
+from lease_celery.stores.registry import open_store
 from tests.servers import REDIS_STORE_URL
 
 

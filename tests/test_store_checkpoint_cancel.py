@@ -7,10 +7,11 @@ import time
 
 import pytest
 
+from lease_celery.checks import encode_checkpoint
 from lease_celery.errors import CheckpointNotSerializable, LeaseLost
 from lease_celery.handle import LeaseHandle
 from lease_celery.models import Lease, LeaseState
-from lease_celery.stores.base import Store, encode_checkpoint
+from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
 
 TASK = {"task": "proj.tasks.long", "args": [1], "kwargs": {}, "options": {"task_id": "t-1"}}

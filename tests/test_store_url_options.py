@@ -41,7 +41,7 @@ from lease_celery import (
     open_store,
 )
 from lease_celery.models import HistoryEntry
-from lease_celery.stores.base import store_class
+from lease_celery.stores.registry import store_class
 from tests.proxy import cuttable_proxy
 from tests.servers import PG_DSN, REDIS_HOST, REDIS_PORT, REDIS_STORE_DB
 
@@ -419,3 +419,18 @@ def test_every_method_after_the_directory_vanished(tmp_path: Path) -> None:
         shutil.rmtree(directory)
         _walk(store, "sqlite", str(directory))
 
+
+
+def test_postgres_on_the_local_socket(postgres_url: str) -> None:
+    """``postgresql:///db`` (no host: libpq's local socket) opens and works; a database that
+    does not exist there is named with the socket in the message. (The URL used to lose its
+    ``//`` on the way to libpq, which refused the whole URL as one keyword.)"""
+    schema = dict(parse_qsl(urlsplit(postgres_url).query))["schema"]
+    database = urlsplit(PG_DSN).path
+    with open_store(f"postgresql://{database}?schema={schema}") as store:
+        lease = store.claim("sock:1", owner="w", ttl=30)
+        assert lease is not None and store.finish(lease, 1)
+        assert store.get("sock:1") is not None
+    with pytest.raises(StoreError, match="local socket, database nosuchdb_lease"), \
+            open_store("postgresql:///nosuchdb_lease?connect_timeout=2") as store:
+        store.get("x")

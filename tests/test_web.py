@@ -18,8 +18,8 @@ import pytest
 
 from lease_celery import EffectState, LeaseState, Store, open_store
 from lease_celery.errors import ConfigError, EffectOutcomeUnknown
+from lease_celery.stores.urls import redact
 from lease_celery.web import WebApp, make_app
-from lease_celery.web.app import redact
 from lease_celery.web.serve import is_loopback
 from tests.conftest import fresh_store_url
 from tests.policy_helpers import CELERY, cli_env, run_cli

@@ -254,7 +254,7 @@ def test_cli_requeue_brings_a_dead_task_back_and_it_completes(
 
     again = run_cli(["requeue", f"job:{job}"], env=env, cwd=tmp_path)
     assert again.returncode == 1
-    assert "is not dead" in again.stderr
+    assert "is done: only a dead lease can be requeued" in again.stderr
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")

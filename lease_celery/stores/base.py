@@ -1,4 +1,6 @@
-"""The Store contract, input validation shared by every store, and the URL registry.
+"""The Store contract, and the small pieces of glue the backends share (fencing parameters,
+the not-current refusal). Validators and codecs are ``lease_celery.checks``; URL options
+``stores.urls``; the scheme registry and ``open_store`` ``stores.registry``.
 
 A store is the only code that talks to a database. Each mutation is one conditional write
 whose condition is evaluated by the store, on the store's clock, inside the same transaction as
@@ -8,24 +10,14 @@ the write; a refused write changes nothing.
 from __future__ import annotations
 
 import abc
-import difflib
-import importlib
-import json
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from kombu.utils import json as kombu_json
-
+from ..checks import check_key, check_ttl
 from ..errors import (
-    CheckpointNotSerializable,
-    ConfigError,
-    InvalidKey,
     LeaseLost,
-    ResultNotSerializable,
     StoreError,
 )
 from ..models import (
@@ -41,16 +33,11 @@ from ..models import (
 if TYPE_CHECKING:
     from ..effects import Effects
 
-__all__ = ["DEFAULT_SWEEP_GRACE", "MAX_KEY_LENGTH", "Clock", "EncodedResult", "Store",
-           "cancel_reason", "encode_checkpoint", "encode_result", "open_store", "register_scheme"]
+__all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Store", "fence_params",
+           "lease_not_current", "lease_params", "settle_deadline_offset"]
 
 Clock = Callable[[], float]
 
-#: Shortest accepted duration (ttl, timeouts), in seconds.
-MIN_SECONDS = 0.001
-
-#: Longest accepted lease key, in characters. Keys are identifiers, not payloads.
-MAX_KEY_LENGTH = 512
 
 #: Seconds a sweep leaves a row it re-published alone (and a ready row unclaimed before it is
 #: re-published): at most one re-publish per row per grace period.
@@ -60,15 +47,6 @@ DEFAULT_SWEEP_GRACE = 60.0
 #: Small on purpose: at a million rows, 500 random-key deletes held SQLite's only write lock
 #: for ~20 ms (claims behind it stalled up to 45 ms); 100 hold it ~3 ms.
 PURGE_BATCH = 100
-
-# scheme -> "module:Class", imported lazily so optional drivers stay optional.
-_SCHEMES: dict[str, str] = {
-    "sqlite": "lease_celery.stores.sqlite:SQLiteStore",
-    "postgresql": "lease_celery.stores.postgres:PostgresStore",
-    "postgres": "lease_celery.stores.postgres:PostgresStore",
-    "redis": "lease_celery.stores.redis:RedisStore",
-    "rediss": "lease_celery.stores.redis:RedisStore",
-}
 
 
 class Store(abc.ABC):
@@ -372,64 +350,6 @@ class Store(abc.ABC):
         return f"<{type(self).__name__} {self.url}>"
 
 
-def check_key(key: object) -> str:
-    """Return ``key`` if it is a usable lease key, else raise ``InvalidKey`` naming the problem."""
-    if not isinstance(key, str):
-        raise InvalidKey(f"lease key must be a str, got {type(key).__name__}: {key!r}")
-    if not key or not key.strip():
-        raise InvalidKey("lease key must not be empty")
-    _check_text(key, "lease key", InvalidKey)
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidKey(
-            f"lease key is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}: {key[:40]!r}…"
-        )
-    return key
-
-
-def check_ttl(ttl: object, *, name: str = "ttl") -> float:
-    """Return ``ttl`` as float seconds if finite and positive, else raise ``ConfigError``."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise ConfigError(f"{name} must be a number of seconds, got {type(ttl).__name__}: {ttl!r}")
-    value = float(ttl)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {ttl!r}")
-    if value < MIN_SECONDS:
-        # At epoch scale, now + 1e-9 == now: such a lease would be born expired.
-        raise ConfigError(f"{name} must be at least {MIN_SECONDS}s, got {ttl!r}")
-    return value
-
-
-def check_delay(seconds: object, *, name: str = "delay") -> float:
-    """Return ``seconds`` as a finite float >= 0, else raise ``ConfigError``."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            math.isfinite(seconds) and seconds >= 0):
-        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {seconds!r}")
-    return float(seconds)
-
-
-def check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"limit must be a whole number >= 1, got {limit!r}")
-    return limit
-
-
-def check_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not owner.strip():
-        raise ConfigError(f"lease owner must be a non-empty str, got {owner!r}")
-    _check_text(owner, "lease owner", ConfigError)
-    return owner
-
-
-def _check_text(text: str, what: str, error: type[Exception]) -> None:
-    """Refuse what some store cannot hold: NUL (PostgreSQL text) and unpaired surrogates."""
-    if "\x00" in text:
-        raise error(f"{what} must not contain NUL characters: {text[:40]!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise error(f"{what} is not valid Unicode text ({exc.reason}): {text[:40]!r}") from None
-
-
 def fence_params(lease: Lease) -> dict[str, Any]:
     """The fencing predicate's parameters: the lease must still be this owner's, this token."""
     if not isinstance(lease, Lease):
@@ -454,166 +374,3 @@ def settle_deadline_offset(settle_within: float | None) -> float | None:
     return None if settle_within is None else check_ttl(settle_within, name="settle_within")
 
 
-def number_option(url: str, name: str, raw: str | None, default: float) -> float:
-    """A numeric URL query option, or ``ConfigError`` naming it (``url``: the URL as shown in
-    messages, without its password)."""
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"URL option {name}={raw!r} in {url!r} is not a number") from None
-
-
-def url_options(kind: str, parts: SplitResult, shown: str, known: Iterable[str], *,
-                passed_on: Iterable[str] = (), passed_to: str = "") -> dict[str, str]:
-    """The query options of a store URL, each given once and each known.
-
-    ``known``: the store's own options; ``passed_on``: the driver's (``passed_to``) that the
-    store hands on. Anything else, or an option given twice (the store and its driver would
-    not agree on which one counts), is a ``ConfigError`` naming it, the option probably
-    meant, and every known one. ``shown`` is the URL as messages show it (no password).
-    """
-    own, theirs = sorted(set(known)), sorted(set(passed_on) - set(known))
-    options: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in options:
-            raise ConfigError(f"{kind} URL option {name!r} is given more than once in "
-                              f"{shown!r}; give it once")
-        options[name] = value
-    unknown = sorted(set(options) - set(own) - set(theirs))
-    if unknown:
-        guesses = [match for name in unknown
-                   for match in difflib.get_close_matches(name, own + theirs, n=1, cutoff=0.75)]
-        meant = f" (did you mean {', '.join(map(repr, guesses))}?)" if guesses else ""
-        listed = ", ".join(own) + (f"; and {passed_to}'s: {', '.join(theirs)}" if theirs else "")
-        raise ConfigError(f"unknown {kind} URL option{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(map(repr, unknown))} in {shown!r}{meant}; known: {listed}")
-    return options
-
-
-def server_address(kind: str, parts: SplitResult, default_port: int) -> str:
-    """``host:port/path`` of a server store's URL (what its messages name), or ``ConfigError``
-    for a port that is not a port number."""
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise ConfigError(f"port {parts.netloc.rpartition(':')[2]!r} in the {kind} URL of "
-                          f"host {parts.hostname!r} is not a port number (1-65535)")
-    return f"{parts.hostname or 'localhost'}:{port or default_port}{parts.path or ''}"
-
-
-def choice_option(kind: str, name: str, raw: str, choices: Iterable[str]) -> str:
-    """``raw`` if it is one of ``choices`` (case-insensitive, returned lower-case), else
-    ``ConfigError`` naming the option and the choices."""
-    value = raw.lower()
-    allowed = list(choices)
-    if value not in allowed:
-        raise ConfigError(f"{kind} URL option {name}={raw!r} must be one of "
-                          f"{', '.join(allowed)}")
-    return value
-
-
-def whole_option(kind: str, name: str, raw: str, *, minimum: int) -> int:
-    """A whole-number URL option >= ``minimum``, or ``ConfigError`` naming it."""
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ConfigError(f"{kind} URL option {name}={raw!r} must be a whole number >= "
-                          f"{minimum}")
-    return value
-
-
-class EncodedResult(str):
-    """A result ``encode_result`` already turned into JSON: encoding it again is a no-op (the
-    gate encodes a background finish's result early, to refuse a non-JSON one in the task)."""
-
-    __slots__ = ()
-
-
-def encode_result(result: Any) -> str:
-    """Serialize a task result to strict JSON (never pickle: the store must not run code)."""
-    if type(result) is EncodedResult:
-        return result
-    try:
-        return json.dumps(result, allow_nan=False, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ResultNotSerializable(
-            f"lease results must be JSON-serializable; {type(result).__name__} is not ({exc})"
-        ) from exc
-
-
-def encode_checkpoint(data: Any) -> str:
-    """A checkpoint as strict JSON, or ``CheckpointNotSerializable`` naming the problem."""
-    try:
-        return json.dumps(data, allow_nan=False, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointNotSerializable(
-            f"lease checkpoints must be JSON-serializable; {type(data).__name__} is not "
-            f"({exc})") from exc
-
-
-def cancel_reason(reason: object) -> str:
-    """The stored form of an operator's cancel reason: ``cancelled: <reason>``."""
-    if not isinstance(reason, str):
-        raise TypeError(f"cancel reason must be a str, got {type(reason).__name__}")
-    _check_text(reason, "cancel reason", ValueError)
-    return f"cancelled: {reason.strip() or 'by an operator'}"[:2000]
-
-
-def encode_task(task: Mapping[str, Any] | None) -> str | None:
-    """Task info as kombu's JSON (which, like Celery's default serializer, carries datetime,
-    Decimal and UUID), or None when there is none or it cannot be encoded (then only the
-    broker can redeliver the task)."""
-    if task is None:
-        return None
-    try:
-        text: str = kombu_json.dumps(dict(task))  # type: ignore[no-untyped-call]
-    except (TypeError, ValueError):
-        return None
-    return text
-
-
-def decode_task(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    decoded: dict[str, Any] = kombu_json.loads(text)  # type: ignore[no-untyped-call]
-    return decoded
-
-
-def decode_result(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def register_scheme(scheme: str, target: str) -> None:
-    """Map a URL scheme to ``"module:Class"``; the class is built as ``Class(url, clock=...)``."""
-    _SCHEMES[scheme] = target
-
-
-def store_class(url: object) -> type[Store]:
-    """The Store class for ``url``'s scheme, or ``ConfigError`` naming the problem."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"lease store URL must be a non-empty string, got {url!r}")
-    scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
-    target = _SCHEMES.get(scheme)
-    if target is None:
-        known = ", ".join(sorted(f"{s}://" for s in _SCHEMES))
-        raise ConfigError(f"unknown lease store URL scheme {scheme + '://' if scheme else url!r}"
-                          f" in {url!r}; known schemes: {known}")
-    module_name, class_name = target.split(":")
-    found: type[Store] = getattr(importlib.import_module(module_name), class_name)
-    return found
-
-
-def open_store(url: str, *, clock: Clock | None = None) -> Store:
-    """Open the lease store named by ``url``.
-
-    ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or ``sqlite://`` (in memory).
-    ``clock`` replaces the store's authority clock (tests, simulations): a callable returning
-    epoch seconds.
-    """
-    return store_class(url)(url, clock=clock)

@@ -20,8 +20,20 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit
 
+from ..checks import (
+    cancel_reason,
+    check_delay,
+    check_key,
+    check_limit,
+    check_owner,
+    check_ttl,
+    decode_result,
+    decode_task,
+    encode_result,
+    encode_task,
+)
 from ..errors import ConfigError, LeaseLost, StoreError
 from ..extras import needs
 from ..models import (
@@ -38,27 +50,13 @@ from .base import (
     PURGE_BATCH,
     Clock,
     Store,
-    cancel_reason,
-    check_delay,
-    check_key,
-    check_limit,
-    check_owner,
-    check_ttl,
-    choice_option,
-    decode_result,
-    decode_task,
-    encode_result,
-    encode_task,
     fence_params,
     lease_not_current,
     lease_params,
-    number_option,
-    server_address,
     settle_deadline_offset,
-    url_options,
-    whole_option,
 )
 from .queries import load_queries
+from .urls import choice_option, number_option, server_address, url_options, whole_option
 
 with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres"):
     import psycopg
@@ -91,7 +89,8 @@ class PostgresStore(Store):
         self.url = url
         self._clock = clock
         parts = urlsplit(url)
-        self._where = server_address("postgres", parts, 5432)
+        self._where = (server_address("postgres", parts, 5432) if parts.hostname or parts.port
+                       else f"the local socket, database {parts.path[1:] or '(default)'}")
         shown = f"postgresql://{self._where}"  # messages never show the password
         query = url_options("postgres", parts, shown, _OPTIONS, passed_on=_libpq_options(),
                             passed_to="libpq")
@@ -112,9 +111,11 @@ class PostgresStore(Store):
             name="postgres reconnect_timeout")
         scheme = "postgresql"
         # quote, not quote_plus: libpq does not read "+" as a space (options=-c%20name%3Dvalue).
-        self._conninfo = urlunsplit((scheme, parts.netloc, parts.path,
-                                     urlencode(query, quote_via=quote),
-                                     parts.fragment))
+        # Built by hand: urlunsplit drops the "//" of a URL with no host (postgresql:///db,
+        # libpq's local socket), and libpq then reads the whole URL as one keyword.
+        encoded = urlencode(query, quote_via=quote)
+        self._conninfo = f"{scheme}://{parts.netloc}{parts.path}" + (
+            f"?{encoded}" if encoded else "")
         try:
             conninfo_to_dict(self._conninfo)  # libpq's own parser: no connection is made
         except psycopg.Error as exc:

@@ -21,6 +21,18 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..checks import (
+    cancel_reason,
+    check_delay,
+    check_key,
+    check_limit,
+    check_owner,
+    check_ttl,
+    decode_result,
+    decode_task,
+    encode_result,
+    encode_task,
+)
 from ..errors import ConfigError, StoreError
 from ..extras import needs
 from ..identity import owned_by
@@ -37,23 +49,13 @@ from .base import (
     DEFAULT_SWEEP_GRACE,
     Clock,
     Store,
-    cancel_reason,
-    check_delay,
-    check_key,
-    check_limit,
-    check_owner,
-    check_ttl,
-    decode_result,
-    decode_task,
-    encode_result,
-    encode_task,
     fence_params,
     lease_not_current,
     lease_params,
-    server_address,
     settle_deadline_offset,
 )
 from .queries import load_queries
+from .urls import server_address
 
 with needs("the Redis lease store", "redis-py", extra="redis"):
     import redis

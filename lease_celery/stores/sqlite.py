@@ -22,6 +22,18 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from ..checks import (
+    cancel_reason,
+    check_delay,
+    check_key,
+    check_limit,
+    check_owner,
+    check_ttl,
+    decode_result,
+    decode_task,
+    encode_result,
+    encode_task,
+)
 from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
 from ..models import (
     EffectState,
@@ -37,24 +49,13 @@ from .base import (
     PURGE_BATCH,
     Clock,
     Store,
-    cancel_reason,
-    check_delay,
-    check_key,
-    check_limit,
-    check_owner,
-    check_ttl,
-    decode_result,
-    decode_task,
-    encode_result,
-    encode_task,
     fence_params,
     lease_not_current,
     lease_params,
-    number_option,
     settle_deadline_offset,
-    url_options,
 )
 from .queries import load_queries
+from .urls import number_option, url_options
 
 __all__ = ["SQLiteStore"]
 

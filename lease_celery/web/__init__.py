@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..stores.base import open_store
+from ..stores.registry import open_store
 from .app import WebApp
 
 __all__ = ["WebApp", "make_app"]

@@ -31,12 +31,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
+from ..checks import encode_result
 from ..delivery import republish
 from ..errors import ConfigError, LeaseError, LeaseHeld, StoreError
 from ..models import EffectState
-from ..stores.base import Store, encode_result
+from ..stores.base import Store
+from ..stores.urls import redact
 from . import pages
 from .html import Safe, h, layout, link, url
 
@@ -86,15 +88,6 @@ class Refused(Exception):
     def __init__(self, status: int, title: str, message: str) -> None:
         super().__init__(message)
         self.status, self.title, self.message = status, title, message
-
-
-def redact(store_url: str) -> str:
-    """The store URL without password or query (which may carry credentials)."""
-    parts = urlsplit(store_url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def host_name(host: str) -> str:
