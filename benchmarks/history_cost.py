@@ -120,18 +120,18 @@ def postgres_pair() -> Iterator[Pair]:
 def redis_pair() -> Iterator[Pair]:
     import redis
 
-    from lease_celery.stores import redis as redis_store
+    from lease_celery.stores.redis import lua
 
     run = uuid.uuid4().hex[:8]
     with_it = open_store(f"{REDIS_URL}?prefix=bench-history-{run}-with:")
     without = open_store(f"{REDIS_URL}?prefix=bench-history-{run}-without:")
     # The same scripts, with a history writer that writes nothing.
     head = "local function record(index, hash, t, event, owner, token, fence, detail)"
-    prelude = redis_store._PRELUDE.replace(head, head + " do return end")
+    prelude = lua.PRELUDE.replace(head, head + " do return end")
     client = without._client  # type: ignore[attr-defined]
     without._scripts = {  # type: ignore[attr-defined]
         name: client.register_script(f"{prelude}\n{body}")
-        for name, body in redis_store._SCRIPTS.items() if name != "clock"}
+        for name, body in lua.SCRIPTS.items()}
     cleaner = redis.Redis.from_url(REDIS_URL)
 
     def size(side: str) -> int:

@@ -128,12 +128,12 @@ def raw_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
 def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     import redis
 
-    from lease_celery.stores.redis import _PRELUDE  # the helpers, history caps filled in
+    # The prelude: the helpers, history caps filled in.
+    from lease_celery.stores.redis.lua import PRELUDE, SCRIPTS
 
-    scripts = load_queries("redis", ".lua")
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    claim = client.register_script(_PRELUDE + "\n" + scripts["claim"])
-    finish = client.register_script(_PRELUDE + "\n" + scripts["fenced_write"])
+    claim = client.register_script(PRELUDE + "\n" + SCRIPTS["claim"])
+    finish = client.register_script(PRELUDE + "\n" + SCRIPTS["fenced_write"])
     prefix = url.split("prefix=")[1]
     run = uuid.uuid4().hex[:8]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,19 +83,6 @@ class LeaseRecord:
         task_id = options.get("task_id")
         return None if task_id is None else str(task_id)
 
-    @classmethod
-    def from_row(cls, row: Sequence[Any], *, result: Any, task: Any,
-                 checkpoint: Any = None) -> LeaseRecord:
-        """Build from the column order of the stores' ``get`` query (see the SQL files)."""
-        return cls(key=row[0], state=LeaseState(row[1]), owner=row[2], token=int(row[3]),
-                   expires_at=None if row[4] is None else float(row[4]),
-                   attempts=int(row[5]), result=result,
-                   updated_at=None if row[7] is None else float(row[7]), fence=int(row[8]),
-                   takeovers=int(row[9]), not_before=None if row[10] is None else float(row[10]),
-                   reason=row[11], task=task,
-                   settling=bool(row[13]) if len(row) > 13 else False,
-                   checkpoint=checkpoint, cancel=row[15] if len(row) > 15 else None)
-
 
 @dataclass(frozen=True)
 class HistoryEntry:
@@ -157,11 +143,3 @@ class Receipt:
     result: Any
     version: int
     updated_at: float
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any], *, result: Any) -> Receipt:
-        """Build from the column order of the effects table (see the SQL files)."""
-        return cls(key=row[0], fingerprint=row[1], state=EffectState(row[2]), lease_key=row[3],
-                   lease_token=None if row[4] is None else int(row[4]), lease_owner=row[5],
-                   started_at=float(row[6]), attempts=int(row[7]), result=result,
-                   version=int(row[9]), updated_at=float(row[10]))

@@ -309,7 +309,7 @@ NEEDS_EXTRA = {
     "lease_celery.otel": "otel",
     "lease_celery.stores.postgres": "postgres",
     "lease_celery.stores.redis": "redis",
-    "lease_celery.stores.redis_wire": "redis",
+    "lease_celery.stores.redis.wire": "redis",
 }
 
 #: Runs in a fresh interpreter: the packages named in ``EXTRAS_BLOCK`` cannot be imported

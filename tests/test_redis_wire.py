@@ -1,4 +1,4 @@
-"""The Redis store's own script caller (lease_celery/stores/redis_wire.py) against a real server:
+"""The Redis store's own script caller (lease_celery/stores/redis/wire.py) against a real server:
 a lost script cache, killed connections, error replies and fork each leave the store correct."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from lease_celery.errors import StoreError
-from lease_celery.stores import redis_wire
+from lease_celery.stores.redis import wire as redis_wire
 from lease_celery.stores.registry import open_store
 from tests.servers import REDIS_STORE_URL
 

@@ -10,12 +10,23 @@ the write; a refused write changes nothing.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from ..checks import check_key, check_ttl
+from ..checks import (
+    cancel_reason,
+    check_delay,
+    check_key,
+    check_limit,
+    check_owner,
+    check_ttl,
+    encode_result,
+    encode_task,
+)
 from ..errors import (
     LeaseLost,
     StoreError,
@@ -29,12 +40,13 @@ from ..models import (
     Receipt,
     StoreStats,
 )
+from .rows import Row, lease_of, receipt_of, record_of
 
 if TYPE_CHECKING:
     from ..effects import Effects
 
-__all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Store", "fence_params",
-           "lease_not_current", "lease_params", "settle_deadline_offset"]
+__all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Row", "Store", "check_lease",
+           "fence_params", "lease_not_current", "lease_params", "settle_deadline_offset"]
 
 Clock = Callable[[], float]
 
@@ -56,6 +68,12 @@ class Store(abc.ABC):
     ``finish`` and ``release`` return ``False``. Exceptions mean the store could not answer
     (``StoreError``) or the input is invalid (``ValueError`` subclasses); in both cases nothing
     was written.
+
+    The public methods are written here, once: they check and encode what they are given,
+    call one primitive of the backend, and turn its rows into values (``stores.rows``). A
+    backend provides the primitives (the ``_``-prefixed abstract methods below: the
+    conditional writes and the reads), each handed checked, encoded arguments; it validates
+    nothing of its own.
     """
 
     url: str
@@ -70,7 +88,8 @@ class Store(abc.ABC):
         a host that only sends tasks need not reach the store)."""
         cls(url).close()
 
-    @abc.abstractmethod
+    # -- the lease's life -------------------------------------------------------------------
+
     def claim(self, key: str, *, owner: str, ttl: float,
               task: Mapping[str, Any] | None = None) -> Lease | None:
         """Atomically take ``key`` for ``owner`` until store-now + ``ttl``.
@@ -82,25 +101,34 @@ class Store(abc.ABC):
         re-published without its message. Returns ``None`` when a live lease holds the key, it is
         backing off, or it is ``done``/``dead``.
         """
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        row = self._claim(key, owner, ttl, encode_task(task))
+        return None if row is None else lease_of(key, owner, row)
 
-    @abc.abstractmethod
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         """Move the deadline to store-now + ``ttl`` if ``lease`` is still current.
 
         Current means: state ``running``, same owner, same token and ``expires_at > now``, checked
         in the same transaction as the write. Returns the renewed lease or ``None``.
         """
+        return self.renew_many([lease], ttl=ttl)[0]
 
     def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
-        """Renew several leases; the result lists each one's renewed lease or ``None``, in order.
+        """Renew several leases in one round trip; the result lists each one's renewed lease
+        or ``None``, in order.
 
         Each lease is judged on its own by the rule of :meth:`renew` (two leases of one key,
-        an old and a new generation, get their own answers). Stores override this to renew
-        all of them in one round trip.
+        an old and a new generation, get their own answers).
         """
-        return [self.renew(lease, ttl=ttl) for lease in leases]
+        ttl = check_ttl(ttl)
+        leases = [check_lease(lease) for lease in leases]
+        if not leases:
+            return []
+        rows = self._renew_many(leases, ttl)
+        return [None if row is None else dataclasses.replace(
+                    lease, expires_at=float(row["expires_at"]), cancel=row.get("cancel") or None)
+                for lease, row in zip(leases, rows, strict=True)]
 
-    @abc.abstractmethod
     def finish(self, lease: Lease, result: Any = None, *,
                settle_within: float | None = None) -> bool:
         """Store ``result`` (JSON) and mark the key ``done`` if ``lease`` is still current.
@@ -115,6 +143,9 @@ class Store(abc.ABC):
         deadline unconfirmed, the owner is gone and a delivery completes the key
         (:meth:`claim_settlement`). Without it the key is settled at once.
         """
+        lease = check_lease(lease)
+        encoded = encode_result(result)  # before any write: a bad result writes nothing
+        return self._finish(lease, encoded, settle_deadline_offset(settle_within))
 
     def settle(self, lease: Lease) -> bool:
         """Confirm that the outcome ``lease`` finished (or killed) with has been stored by
@@ -122,15 +153,15 @@ class Store(abc.ABC):
         completed it meanwhile)."""
         return self.settle_many([lease])[0]
 
-    @abc.abstractmethod
     def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         """:meth:`settle` for several leases in one round trip; answers in order.
 
         Each is one conditional write: the key is settling, with this owner and token. A
         settled done row drops its task info (it will never be re-published).
         """
+        leases = [check_lease(lease) for lease in leases]
+        return self._settle_many(leases) if leases else []
 
-    @abc.abstractmethod
     def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
         """Take over the settle phase of ``key`` whose deadline passed unconfirmed.
 
@@ -139,8 +170,11 @@ class Store(abc.ABC):
         deadline of now + ``ttl``, so exactly one delivery completes the key at a time. Returns
         the lease to settle, or ``None``.
         """
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        row = self._claim_settlement(key, owner, ttl)
+        return None if row is None else dataclasses.replace(lease_of(key, owner, row),
+                                                            cancel=None)
 
-    @abc.abstractmethod
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
         """Give the key back early (state ``ready``) if ``lease`` is still current.
 
@@ -148,93 +182,95 @@ class Store(abc.ABC):
         nor finish. ``delay`` > 0 sets ``not_before`` = now + delay (backoff); ``reason`` is
         recorded. Returns ``False`` when the lease was not current.
         """
+        return self._release(check_lease(lease), check_delay(delay), reason)
 
-    @abc.abstractmethod
     def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
         """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current.
 
         ``settle_within``: as for :meth:`finish`, the failure still has to reach Celery's
         result backend (and errbacks); the owner confirms with :meth:`settle`.
         """
+        return self._kill(check_lease(lease), reason, settle_deadline_offset(settle_within))
 
-    # -- operator actions: conditional on the row's state, not on a lease -------------------
-
-    @abc.abstractmethod
     def checkpoint(self, lease: Lease, data: str) -> bool:
         """Fenced: store ``data`` (JSON text, see ``encode_checkpoint``) as the key's progress
         checkpoint if ``lease`` is still current; False (nothing written) otherwise. The
         checkpoint survives takeovers, retries and requeue; ``finish`` clears it."""
+        return self._checkpoint(check_lease(lease), str(data))
 
-    @abc.abstractmethod
+    # -- operator actions: conditional on the row's state, not on a lease -------------------
+
     def cancel(self, key: str, *, reason: str) -> bool:
         """An operator cancels ``key``, in one conditional write. A live holder is asked to
         stop: its next claim or renewal returns the reason (``Lease.cancel``), and it ends the
         key ``dead``. A key nobody holds (no row, ``ready``, an expired lease) goes ``dead``
         at once, so no delivery runs its body. False for a ``done`` or ``dead`` key. ``reason``
         is stored as ``cancelled: <reason>``; ``requeue`` brings the key back."""
+        return self._cancel(check_key(key), cancel_reason(reason))
 
-    # -- history (lease_celery.history writes it, in batches, off the task's path) ----------
-
-    @abc.abstractmethod
-    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
-        """Append ``entries`` to their keys' histories (one write)."""
-
-    def record_history(self, key: str, event: str, *, owner: str | None = None,
-                       token: int | None = None, fence: int | None = None,
-                       detail: str | None = None) -> None:
-        """Append one event now (operator actions: ``detail`` says who and why)."""
-        self.record_history_many([HistoryEntry(
-            check_key(key), time.time(), event, owner, token, fence,
-            None if detail is None else detail[:2000])])
-
-    @abc.abstractmethod
-    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
-        """The last ``limit`` events of ``key``, oldest first."""
-
-    @abc.abstractmethod
-    def recent_history(self, *, events: Sequence[str] | None = None,
-                       limit: int = 100) -> list[HistoryEntry]:
-        """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
-
-    @abc.abstractmethod
-    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
-        """Delete up to ``limit`` history entries older than ``seconds``; how many went."""
-
-    @abc.abstractmethod
     def force_release(self, key: str, *, reason: str) -> bool:
         """Make a ``running`` row ``ready`` whoever holds it (recorded in ``reason``).
 
         The holder's renew and finish then fail, so its result is refused.
         """
+        return self._force_release(check_key(key), reason)
 
-    @abc.abstractmethod
     def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
         """``dead`` → ``ready`` with attempts and takeovers reset; the token continues.
 
         Returns the updated record, or ``None`` if the key was not dead.
         """
+        key = check_key(key)
+        return self.get(key) if self._requeue(key, reason) else None
 
-    @abc.abstractmethod
-    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
-             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
-        """Rows matching every given filter, most recently updated first."""
+    def purge(self, key: str) -> bool:
+        """Delete the row for ``key`` unless a live lease holds it; return whether it was deleted.
 
-    @abc.abstractmethod
-    def stats(self) -> StoreStats:
-        """Row counts by state, and how many running rows have expired."""
+        The key's last token is kept apart, so a key claimed again after a purge continues at
+        token + 1: tokens never restart. A running lease that has not expired is never deleted.
+        """
+        return self._purge(check_key(key))
 
-    @abc.abstractmethod
     def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
         """Delete settled ``done``/``dead`` rows not updated for ``seconds``, oldest first, at
         most ``limit`` of them (None: all, in batches of ``PURGE_BATCH``, each its own short
         write); return how many. Tokens are retired: a key claimed again continues."""
+        return self._purge_older_than(check_delay(seconds),
+                                      None if limit is None else check_limit(limit))
 
-    @abc.abstractmethod
-    def sweep_unmark(self, key: str, token: int) -> bool:
-        """Undo ``sweep_expired``'s mark on generation ``token`` (its re-publish failed): the
-        next sweep returns the row again."""
+    # -- reads ------------------------------------------------------------------------------
 
-    @abc.abstractmethod
+    def get(self, key: str) -> LeaseRecord | None:
+        """Return a snapshot of the row for ``key``, or ``None`` if there is none."""
+        row = self._get(check_key(key))
+        return None if row is None else record_of(row)
+
+    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
+             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
+        """Rows matching every given filter, most recently updated first."""
+        rows = self._find(None if state is None else LeaseState(state), prefix, owner,
+                          check_limit(limit))
+        return [record_of(row) for row in rows]
+
+    def stats(self) -> StoreStats:
+        """Row counts by state, and how many running rows have expired."""
+        rows = self._stats()
+        return StoreStats(counts={str(row["state"]): int(row["total"]) for row in rows},
+                          expired=sum(int(row["expired"] or 0) for row in rows))
+
+    def settled_by(self, lease: Lease, state: LeaseState) -> bool:
+        """Did ``lease`` itself move its key to ``state``? (Checked after a refusal.)
+
+        A write whose reply was lost and that the driver then re-sent is refused the second
+        time although the first one took effect. Only the holder of ``lease`` can settle the
+        row with its own owner and token, so finding them there means the write was ours.
+        """
+        record = self.get(lease.key)
+        return (record is not None and record.state is state and record.token == lease.token
+                and record.owner == lease.owner)
+
+    # -- the sweeper's ----------------------------------------------------------------------
+
     def sweep_expired(self, *, limit: int = 100,
                       grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
         """Mark and return the rows that carry task info and that nobody will run unless the
@@ -249,29 +285,46 @@ class Store(abc.ABC):
         dies between its mark and its re-publish leaves a mark that expires: the row is
         returned again a grace period later. Reads only rows that are not terminal.
         """
+        keys = self._sweep_expired(check_limit(limit), check_delay(grace, name="grace"),
+                                   uuid.uuid4().hex)
+        return [record for key in keys if (record := self.get(key)) is not None]
 
-    @abc.abstractmethod
-    def purge(self, key: str) -> bool:
-        """Delete the row for ``key`` unless a live lease holds it; return whether it was deleted.
+    def sweep_unmark(self, key: str, token: int) -> bool:
+        """Undo ``sweep_expired``'s mark on generation ``token`` (its re-publish failed): the
+        next sweep returns the row again."""
+        return self._sweep_unmark(check_key(key), int(token))
 
-        The key's last token is kept apart, so a key claimed again after a purge continues at
-        token + 1: tokens never restart. A running lease that has not expired is never deleted.
-        """
+    # -- history (lease_celery.history writes it, in batches, off the task's path) ----------
 
-    @abc.abstractmethod
-    def get(self, key: str) -> LeaseRecord | None:
-        """Return a snapshot of the row for ``key``, or ``None`` if there is none."""
+    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
+        """Append ``entries`` to their keys' histories (one write)."""
+        if entries:
+            self._record_history_many(list(entries))
 
-    def settled_by(self, lease: Lease, state: LeaseState) -> bool:
-        """Did ``lease`` itself move its key to ``state``? (Checked after a refusal.)
+    def record_history(self, key: str, event: str, *, owner: str | None = None,
+                       token: int | None = None, fence: int | None = None,
+                       detail: str | None = None) -> None:
+        """Append one event now (operator actions: ``detail`` says who and why)."""
+        self.record_history_many([HistoryEntry(
+            check_key(key), time.time(), event, owner, token, fence,
+            None if detail is None else detail[:2000])])
 
-        A write whose reply was lost and that the driver then re-sent is refused the second
-        time although the first one took effect. Only the holder of ``lease`` can settle the
-        row with its own owner and token, so finding them there means the write was ours.
-        """
-        record = self.get(lease.key)
-        return (record is not None and record.state is state and record.token == lease.token
-                and record.owner == lease.owner)
+    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
+        """The last ``limit`` events of ``key``, oldest first."""
+        return self._history(check_key(key), check_limit(limit))
+
+    def recent_history(self, *, events: Sequence[str] | None = None,
+                       limit: int = 100) -> list[HistoryEntry]:
+        """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
+        return self._recent_history(None if events is None else list(events),
+                                    check_limit(limit))
+
+    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
+        """Delete up to ``limit`` history entries older than ``seconds``; how many went."""
+        # Entries carry the clock of the process that saw them: so does the cutoff.
+        return self._prune_history(time.time() - check_delay(seconds), check_limit(limit))
+
+    # -- fenced writes of the caller's own --------------------------------------------------
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Any]:
         """A transaction on the store's database in which ``lease`` is verified current.
@@ -283,7 +336,7 @@ class Store(abc.ABC):
         raise StoreError(f"{type(self).__name__} cannot run your writes in the lease's "
                          "transaction; use the PostgreSQL or SQLite store for fenced writes")
 
-    # -- effect receipts: lease_celery.effects builds its logic on these five primitives ------
+    # -- effect receipts: lease_celery.effects builds its logic on these ----------------------
 
     @property
     def effects(self) -> Effects:
@@ -295,7 +348,6 @@ class Store(abc.ABC):
             effects = self.__dict__["_effects"] = Effects(self)
         return effects
 
-    @abc.abstractmethod
     def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
         """Create an ``in_flight`` receipt (version 1, attempts 1, started now) for ``lease``.
 
@@ -303,33 +355,167 @@ class Store(abc.ABC):
         Raises ``LeaseLost`` (nothing written) if ``lease`` is given and no longer current: a
         worker that stalled past its lease starts no new action.
         """
+        lease = None if lease is None else check_lease(lease)
+        return _effect_started(self._effect_insert(check_key(key), str(fingerprint), lease),
+                               lease)
 
-    @abc.abstractmethod
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+        """Start a new attempt: ``in_flight`` for ``lease``, attempts + 1, if at ``version``.
+
+        Raises ``LeaseLost`` (nothing written) if ``lease`` is given and no longer current.
+        """
+        lease = None if lease is None else check_lease(lease)
+        return _effect_started(self._effect_restart(check_key(key), int(version), lease), lease)
+
     def effect_get(self, key: str) -> Receipt | None:
         """Return the receipt for ``key``, or ``None``."""
+        row = self._effect_get(check_key(key))
+        return None if row is None else receipt_of(row)
 
-    @abc.abstractmethod
     def effect_find(self, *, state: EffectState | None = None,
                     limit: int = 100) -> list[Receipt]:
         """Receipts (only those in ``state``, if given), most recently changed first."""
+        rows = self._effect_find(None if state is None else EffectState(state),
+                                 check_limit(limit))
+        return [receipt_of(row) for row in rows]
 
-    @abc.abstractmethod
     def effect_update(self, key: str, *, version: int, state: EffectState,
                       result: str | None) -> bool:
         """Set ``state`` and ``result`` (JSON text or None) if the receipt is at ``version``.
 
         One conditional write; the version grows by one. False (nothing written) otherwise.
         """
+        return self._effect_update(check_key(key), int(version), EffectState(state), result)
 
-    @abc.abstractmethod
-    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
-        """Start a new attempt: ``in_flight`` for ``lease``, attempts + 1, if at ``version``.
-
-        Raises ``LeaseLost`` (nothing written) if ``lease`` is given and no longer current.
-        """
-
-    @abc.abstractmethod
     def effect_delete(self, key: str, *, version: int) -> bool:
+        """Delete the receipt if it is at ``version``."""
+        return self._effect_delete(check_key(key), int(version))
+
+    # -- the backend's primitives -----------------------------------------------------------
+    # Each gets checked, encoded arguments and answers with rows (stores.rows) or booleans;
+    # each write is one conditional write judged by the store, on the store's clock. All of
+    # them raise StoreError (naming the server or file) when the store cannot answer.
+
+    @abc.abstractmethod
+    def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
+        """The claim rule of :meth:`claim`; the claimed row (``token``, ``expires_at``,
+        ``fence``, ``attempts``, ``takeovers``, ``cancel``) or None when refused."""
+
+    @abc.abstractmethod
+    def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
+        """For each lease (at least one), in order: the renewed ``expires_at`` and ``cancel``,
+        or None when it was not current."""
+
+    @abc.abstractmethod
+    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
+        """Fenced: done with ``result`` (JSON text), settling until now + ``settle_within``
+        unless that is None. False when the lease was not current."""
+
+    @abc.abstractmethod
+    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
+        """Fenced: ready again, not before now + ``delay`` when ``delay`` > 0."""
+
+    @abc.abstractmethod
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
+        """Fenced: dead with ``reason``, settling as for :meth:`_finish`."""
+
+    @abc.abstractmethod
+    def _checkpoint(self, lease: Lease, data: str) -> bool:
+        """Fenced: the key's checkpoint becomes ``data``."""
+
+    @abc.abstractmethod
+    def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """For each lease (at least one), in order: did it end its key's settle phase?"""
+
+    @abc.abstractmethod
+    def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
+        """The rule of :meth:`claim_settlement`; the row as for :meth:`_claim`, or None."""
+
+    @abc.abstractmethod
+    def _cancel(self, key: str, reason: str) -> bool:
+        """The rule of :meth:`cancel`; ``reason`` is the stored text (``cancelled: …``)."""
+
+    @abc.abstractmethod
+    def _force_release(self, key: str, reason: str) -> bool:
+        """A running row becomes ready, whoever holds it."""
+
+    @abc.abstractmethod
+    def _requeue(self, key: str, reason: str) -> bool:
+        """A dead row becomes ready (attempts, takeovers reset); False if it was not dead."""
+
+    @abc.abstractmethod
+    def _purge(self, key: str) -> bool:
+        """The rule of :meth:`purge`: the row goes unless a live lease holds it."""
+
+    @abc.abstractmethod
+    def _purge_older_than(self, seconds: float, limit: int | None) -> int:
+        """The rule of :meth:`purge_older_than`; how many rows went."""
+
+    @abc.abstractmethod
+    def _get(self, key: str) -> Row | None:
+        """The key's row (the columns of the ``get`` query), or None."""
+
+    @abc.abstractmethod
+    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
+              limit: int) -> list[Row]:
+        """Rows matching every filter that is not None, most recently updated first."""
+
+    @abc.abstractmethod
+    def _stats(self) -> list[Row]:
+        """A row per state present: ``state``, ``total`` rows, ``expired`` (running rows
+        whose lease has run out)."""
+
+    @abc.abstractmethod
+    def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
+        """Mark (with ``nonce``) at most ``limit`` rows due for a re-publish, as
+        :meth:`sweep_expired` says; their keys."""
+
+    @abc.abstractmethod
+    def _sweep_unmark(self, key: str, token: int) -> bool:
+        """Clear the sweep's mark on generation ``token`` of ``key``."""
+
+    @abc.abstractmethod
+    def _record_history_many(self, entries: list[HistoryEntry]) -> None:
+        """Append the entries (at least one), in one write."""
+
+    @abc.abstractmethod
+    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
+        """The last ``limit`` events of ``key``, oldest first."""
+
+    @abc.abstractmethod
+    def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
+        """The latest ``limit`` events across keys (only ``events`` if not None), newest
+        first."""
+
+    @abc.abstractmethod
+    def _prune_history(self, cutoff: float, limit: int) -> int:
+        """Delete up to ``limit`` entries recorded before ``cutoff``; how many went."""
+
+    @abc.abstractmethod
+    def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
+        """Insert-if-absent an ``in_flight`` receipt started by ``lease``: True if inserted,
+        False if ``key`` has one, None (nothing written) if ``lease`` is not current."""
+
+    @abc.abstractmethod
+    def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
+        """A new attempt if the receipt is at ``version``: True, False, or None (nothing
+        written) if ``lease`` is not current."""
+
+    @abc.abstractmethod
+    def _effect_get(self, key: str) -> Row | None:
+        """The receipt's row (the columns of the ``effect_get`` query), or None."""
+
+    @abc.abstractmethod
+    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
+        """Receipt rows (only in ``state`` if not None), most recently changed first."""
+
+    @abc.abstractmethod
+    def _effect_update(self, key: str, version: int, state: EffectState,
+                       result: str | None) -> bool:
+        """If at ``version``: the new ``state`` and ``result``, version + 1."""
+
+    @abc.abstractmethod
+    def _effect_delete(self, key: str, version: int) -> bool:
         """Delete the receipt if it is at ``version``."""
 
     @abc.abstractmethod
@@ -350,16 +536,29 @@ class Store(abc.ABC):
         return f"<{type(self).__name__} {self.url}>"
 
 
-def fence_params(lease: Lease) -> dict[str, Any]:
-    """The fencing predicate's parameters: the lease must still be this owner's, this token."""
+def check_lease(lease: object) -> Lease:
+    """A ``Lease``, or ``TypeError`` naming what was given instead."""
     if not isinstance(lease, Lease):
         raise TypeError(f"expected a Lease, got {type(lease).__name__}: {lease!r}")
+    return lease
+
+
+def _effect_started(started: bool | None, lease: Lease | None) -> bool:
+    if started is None:
+        assert lease is not None, "a receipt write without a lease cannot be fenced out"
+        raise lease_not_current(lease, "when the effect was to start")
+    return started
+
+
+def fence_params(lease: Lease) -> dict[str, Any]:
+    """The fencing predicate's parameters: the lease must still be this owner's, this token."""
     return {"key": lease.key, "owner": lease.owner, "token": lease.token}
 
 
-def lease_not_current(lease: Lease, when: str) -> LeaseLost:
+def lease_not_current(lease: Lease, when: str, *, what: str = "written") -> LeaseLost:
+    """The refusal of a write fenced on ``lease`` (``what``: nothing was written/committed)."""
     return LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) is not "
-                     f"current {when}; nothing was written")
+                     f"current {when}; nothing was {what}")
 
 
 def lease_params(lease: Lease | None) -> dict[str, Any]:
@@ -372,5 +571,3 @@ def lease_params(lease: Lease | None) -> dict[str, Any]:
 def settle_deadline_offset(settle_within: float | None) -> float | None:
     """``settle_within`` checked (None: settle at once)."""
     return None if settle_within is None else check_ttl(settle_within, name="settle_within")
-
-

@@ -9,7 +9,6 @@ again until ``reconnect_timeout`` runs out.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -17,59 +16,31 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..checks import (
-    cancel_reason,
-    check_delay,
-    check_key,
-    check_limit,
-    check_owner,
-    check_ttl,
-    decode_result,
-    decode_task,
-    encode_result,
-    encode_task,
-)
-from ..errors import ConfigError, LeaseLost, StoreError
+from ..checks import check_ttl
+from ..errors import ConfigError, StoreError
 from ..extras import needs
-from ..models import (
-    EffectState,
-    HistoryEntry,
-    Lease,
-    LeaseRecord,
-    LeaseState,
-    Receipt,
-    StoreStats,
-)
-from .base import (
-    DEFAULT_SWEEP_GRACE,
-    PURGE_BATCH,
-    Clock,
-    Store,
-    fence_params,
-    lease_not_current,
-    lease_params,
-    settle_deadline_offset,
-)
+from ..models import EffectState, HistoryEntry, Lease, LeaseState
+from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
+from .sql_glue import SCHEMA_VERSION, PerProcess, check_schema_version, purge_in_batches
 from .urls import choice_option, number_option, server_address, url_options, whole_option
 
 with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres"):
     import psycopg
     import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import dict_row
 
 __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
 _T = TypeVar("_T")
-_INHERITED: list[Any] = []  # pools made before fork(): the parent's, never touched here
 
 #: URL options that configure the store rather than the connection.
 _OPTIONS = {"schema": "public", "pool_max": "4", "reconnect_timeout": "10"}
@@ -124,8 +95,7 @@ class PostgresStore(Store):
         quoted = '"' + self.schema + '"'
         self._q = {name: sql.replace("{schema}", quoted)
                    for name, sql in load_queries("postgres").items()}
-        self._pool: psycopg_pool.ConnectionPool | None = None
-        self._pid = 0
+        self._pool: PerProcess[psycopg_pool.ConnectionPool] = PerProcess()
         self._lock = threading.Lock()
 
     # -- connections ------------------------------------------------------------------------
@@ -134,14 +104,12 @@ class PostgresStore(Store):
         return StoreError(f"postgres lease store at {self._where}: {exc}".strip())
 
     def _get_pool(self) -> psycopg_pool.ConnectionPool:
-        pool = self._pool
-        if pool is not None and self._pid == os.getpid():
+        pool = self._pool.get()
+        if pool is not None:
             return pool
         with self._lock:
-            if self._pool is not None and self._pid != os.getpid():
-                _INHERITED.append(self._pool)
-                self._pool = None
-            if self._pool is None:
+            pool = self._pool.get()
+            if pool is None:
                 # Connect once directly first: a bad host, port, password or database fails
                 # here with libpq's own message instead of a pool timeout.
                 try:
@@ -149,12 +117,12 @@ class PostgresStore(Store):
                         self._create_schema(conn)
                 except psycopg.Error as exc:
                     raise self._connect_error(exc) from exc
-                self._pool = psycopg_pool.ConnectionPool(
+                pool = psycopg_pool.ConnectionPool(
                     self._conninfo, min_size=1, max_size=self.pool_max, open=True,
                     kwargs={"autocommit": True}, timeout=self.reconnect_timeout,
                     name=f"lease_celery-{os.getpid()}")
-                self._pid = os.getpid()
-            return self._pool
+                self._pool.set(pool)
+            return pool
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         # The advisory lock serialises many workers starting at once.
@@ -169,14 +137,12 @@ class PostgresStore(Store):
             conn.execute(self._q["create_history"])
             row = conn.execute(self._q["get_schema_version"]).fetchone()
             version = None if row is None else int(row[0])
-            if version is not None and version > SCHEMA_VERSION:
-                raise StoreError(f"postgres lease store at {self._where} has schema version "
-                                 f"{version}, newer than this lease_celery ({SCHEMA_VERSION})")
+            check_schema_version(version, f"postgres lease store at {self._where}")
             if version == SCHEMA_VERSION:
                 return  # no DDL: it would lock the table against running workers
             if version is not None:
-                # 1 -> 2: the settle phase and the sweeper's index; 2 -> 3: checkpoints and
-                # cancellation. New columns only: no row is rewritten but schema 1's.
+                # From any older schema (sql_glue.SCHEMA_VERSION says what each added): new
+                # columns only; no row is rewritten but schema 1's.
                 conn.execute(self._q["migrate_columns"])
                 if version < 2:
                     conn.execute(self._q["migrate_fill_sweep_at"])
@@ -191,8 +157,8 @@ class PostgresStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-            if pool is not None and self._pid == os.getpid():
+            pool = self._pool.take()
+            if pool is not None:
                 pool.close()
 
     def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
@@ -232,76 +198,68 @@ class PostgresStore(Store):
         params["now"] = self._clock() if self._clock is not None else None
         return params
 
-    # -- contract ---------------------------------------------------------------------------
+    def _row(self, query: str, params: dict[str, Any]) -> Row | None:
+        """One row of ``query`` by column name (None if none), on a pooled connection."""
+        return self._run(lambda conn: _one(conn, self._q[query], params))
 
-    def claim(self, key: str, *, owner: str, ttl: float,
-              task: Mapping[str, Any] | None = None) -> Lease | None:
-        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
-        params = self._params(key=key, owner=owner, ttl=ttl, task=encode_task(task),
-                              nonce=uuid.uuid4().hex)
-        def claim(conn: psycopg.Connection[Any]) -> Any:
-            return conn.execute(self._q["claim"], params).fetchone()
+    def _rows(self, query: str, params: dict[str, Any]) -> list[Row]:
+        return self._run(lambda conn: _all(conn, self._q[query], params))
 
-        def claimed_by(row: Any) -> Any:
+    def _returns_row(self, query: str, **params: Any) -> bool:
+        return self._run(lambda conn: conn.execute(
+            self._q[query], self._params(**params)).fetchone()) is not None
+
+    # -- primitives (Store checks and decodes; these only talk to the server) ---------------
+
+    def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
+        params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex)
+
+        def claimed_by(row: Row | None) -> Row | None:
             # Refused after a re-send: did the first send win? Its nonce would be on the row.
-            return row or self._run(
-                lambda conn: conn.execute(self._q["claimed_by"], params).fetchone())
+            return row or self._row("claimed_by", params)
 
-        row = self._run(claim, if_resent=claimed_by)
-        if row is None:
-            return None
-        return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
-                     takeovers=int(row[4]), cancel=row[5])
+        return self._run(lambda conn: _one(conn, self._q["claim"], params),
+                         if_resent=claimed_by)
 
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
-        ttl = check_ttl(ttl)
-        if not leases:
-            return []
-        params = [fence_params(lease) for lease in leases]
-        rows = self._run(lambda conn: conn.execute(self._q["renew_many"], self._params(
-            ttl=ttl, keys=[p["key"] for p in params], owners=[p["owner"] for p in params],
-            tokens=[p["token"] for p in params])).fetchall())
-        renewed = {(key, owner, int(token)): (float(expires_at), cancel)
-                   for key, owner, token, expires_at, cancel in rows}
-        found = [renewed.get((lease.key, lease.owner, lease.token)) for lease in leases]
-        return [None if row is None else dataclasses.replace(
-                    lease, expires_at=row[0], cancel=row[1])
-                for lease, row in zip(leases, found, strict=True)]
+    def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
+        rows = self._rows("renew_many", self._params(
+            ttl=ttl, keys=[lease.key for lease in leases],
+            owners=[lease.owner for lease in leases],
+            tokens=[lease.token for lease in leases]))
+        renewed = {(row["key"], row["owner"], int(row["token"])): row for row in rows}
+        return [renewed.get((lease.key, lease.owner, lease.token)) for lease in leases]
 
-    def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
-        return self.renew_many([lease], ttl=ttl)[0]
+    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
+        return self._fenced_write("finish", lease, LeaseState.DONE, result=result,
+                                  settle_within=settle_within)
 
-    def finish(self, lease: Lease, result: Any = None, *,
-               settle_within: float | None = None) -> bool:
-        encoded = encode_result(result)
-        return self._fenced_write("finish", lease, LeaseState.DONE, result=encoded,
-                                  settle_within=settle_deadline_offset(settle_within),
-                                  **fence_params(lease))
+    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
+        return self._fenced_write("release", lease, LeaseState.READY, delay=delay,
+                                  reason=reason)
 
-    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
-        return self._fenced_write("release", lease, LeaseState.READY, **fence_params(lease),
-                                  delay=check_delay(delay), reason=reason)
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
+        return self._fenced_write("kill", lease, LeaseState.DEAD, reason=reason,
+                                  settle_within=settle_within)
 
-    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
-        return self._fenced_write("kill", lease, LeaseState.DEAD, **fence_params(lease),
-                                  reason=reason,
-                                  settle_within=settle_deadline_offset(settle_within))
+    def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
+        """A fenced write; a refusal of a re-sent copy is checked against the row."""
+        bound = self._params(**fence_params(lease), **params)
 
-    def checkpoint(self, lease: Lease, data: str) -> bool:
-        return self._returns_row("checkpoint", checkpoint=str(data), **fence_params(lease))
+        def write(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(self._q[query], bound).fetchone() is not None
 
-    def cancel(self, key: str, *, reason: str) -> bool:
-        # Re-sent after a lost reply, the cancel finds its own effect (a dead or cancelling
-        # row): answered False then, which only under-reports; the row is as asked.
-        return self._returns_row("cancel", key=check_key(key), reason=cancel_reason(reason))
+        def check(ok: bool) -> bool:
+            return ok or self.settled_by(lease, state)
 
-    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
-        if not leases:
-            return []
-        params = [fence_params(lease) for lease in leases]
-        bound = self._params(keys=[p["key"] for p in params],
-                             owners=[p["owner"] for p in params],
-                             tokens=[p["token"] for p in params])
+        return self._run(write, if_resent=check)
+
+    def _checkpoint(self, lease: Lease, data: str) -> bool:
+        return self._returns_row("checkpoint", checkpoint=data, **fence_params(lease))
+
+    def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        bound = self._params(keys=[lease.key for lease in leases],
+                             owners=[lease.owner for lease in leases],
+                             tokens=[lease.token for lease in leases])
 
         def settle(conn: psycopg.Connection[Any]) -> set[tuple[str, str, int]]:
             rows = conn.execute(self._q["settle_many"], bound).fetchall()
@@ -316,104 +274,47 @@ class PostgresStore(Store):
         settled = self._run(settle, if_resent=settled_already)
         return [(lease.key, lease.owner, lease.token) in settled for lease in leases]
 
-    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
-        params = self._params(key=check_key(key), owner=check_owner(owner), ttl=check_ttl(ttl),
-                              nonce=uuid.uuid4().hex)
+    def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
+        params = self._params(key=key, owner=owner, ttl=ttl, nonce=uuid.uuid4().hex)
 
-        def claimed_by(row: Any) -> Any:
-            return row or self._run(lambda conn: conn.execute(
-                self._q["settlement_claimed_by"], params).fetchone())
+        def claimed_by(row: Row | None) -> Row | None:
+            return row or self._row("settlement_claimed_by", params)
 
-        row = self._run(lambda conn: conn.execute(
-            self._q["claim_settlement"], params).fetchone(), if_resent=claimed_by)
-        return None if row is None else Lease(
-            key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
-            takeovers=int(row[4]))
+        return self._run(lambda conn: _one(conn, self._q["claim_settlement"], params),
+                         if_resent=claimed_by)
 
-    def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
-        """A fenced write; a refusal of a re-sent copy is checked against the row."""
-        bound = self._params(**params)
+    def _cancel(self, key: str, reason: str) -> bool:
+        # Re-sent after a lost reply, the cancel finds its own effect (a dead or cancelling
+        # row): answered False then, which only under-reports; the row is as asked.
+        return self._returns_row("cancel", key=key, reason=reason)
 
-        def write(conn: psycopg.Connection[Any]) -> bool:
-            return conn.execute(self._q[query], bound).fetchone() is not None
+    def _force_release(self, key: str, reason: str) -> bool:
+        return self._returns_row("force_release", key=key, reason=reason)
 
-        def check(ok: bool) -> bool:
-            return ok or self.settled_by(lease, state)
+    def _requeue(self, key: str, reason: str) -> bool:
+        return self._returns_row("requeue", key=key, reason=reason)
 
-        return self._run(write, if_resent=check)
+    def _purge(self, key: str) -> bool:
+        return self._returns_row("purge", key=key)
 
-    # -- operator actions -------------------------------------------------------------------
-
-    def force_release(self, key: str, *, reason: str) -> bool:
-        return self._returns_row("force_release", key=check_key(key), reason=reason)
-
-    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
-        key = check_key(key)
-        return self.get(key) if self._returns_row("requeue", key=key, reason=reason) else None
-
-    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
-             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
-        params = {"state": None if state is None else LeaseState(state).value,
-                  "prefix": prefix, "owner": owner, "limit": check_limit(limit)}
-        rows = self._run(lambda conn: conn.execute(self._q["list"], params).fetchall())
-        return [_record(row) for row in rows]
-
-    def stats(self) -> StoreStats:
-        rows = self._run(lambda conn: conn.execute(self._q["stats"],
-                                                   self._params()).fetchall())
-        return StoreStats(counts={state: int(n) for state, n, _ in rows},
-                          expired=sum(int(expired) for _, _, expired in rows))
-
-    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
-        batch = PURGE_BATCH if limit is None else check_limit(limit)
-        params = self._params(seconds=check_delay(seconds), limit=batch)
-
-        def purge() -> int:
-            return len(self._run(lambda conn: conn.execute(
-                self._q["purge_old"], params).fetchall()))
-
+    def _purge_older_than(self, seconds: float, limit: int | None) -> int:
         # Small statements: no row lock is held for a whole table's worth.
-        purged = total = purge()
-        while limit is None and purged == batch:
-            purged = purge()
-            total += purged
-        return total
+        return purge_in_batches(lambda size: len(self._run(lambda conn: conn.execute(
+            self._q["purge_old"], self._params(seconds=seconds, limit=size)).fetchall())), limit)
 
-    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
-        if not entries:
-            return
-        columns = {"keys": [e.key for e in entries], "ats": [e.at for e in entries],
-                   "events": [e.event for e in entries], "owners": [e.owner for e in entries],
-                   "tokens": [e.token for e in entries], "fences": [e.fence for e in entries],
-                   "details": [e.detail for e in entries]}
-        self._run(lambda conn: conn.execute(self._q["history_insert_many"], columns))
+    def _get(self, key: str) -> Row | None:
+        return self._row("get", {"key": key})
 
-    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
-        params = {"key": check_key(key), "limit": check_limit(limit)}
-        rows = self._run(lambda conn: conn.execute(self._q["history_of"], params).fetchall())
-        return [HistoryEntry(*row) for row in rows]
+    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
+              limit: int) -> list[Row]:
+        return self._rows("list", {"state": None if state is None else state.value,
+                                   "prefix": prefix, "owner": owner, "limit": limit})
 
-    def recent_history(self, *, events: Sequence[str] | None = None,
-                       limit: int = 100) -> list[HistoryEntry]:
-        params = {"events": None if events is None else list(events),
-                  "limit": check_limit(limit)}
-        rows = self._run(lambda conn: conn.execute(
-            self._q["history_recent"], params).fetchall())
-        return [HistoryEntry(*row) for row in rows]
+    def _stats(self) -> list[Row]:
+        return self._rows("stats", self._params())
 
-    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
-        # Entries carry the clock of the process that saw them: so does the cutoff.
-        params = {"cutoff": time.time() - check_delay(seconds), "limit": check_limit(limit)}
-        return int(self._run(lambda conn: conn.execute(
-            self._q["history_prune"], params).rowcount))
-
-    def sweep_unmark(self, key: str, token: int) -> bool:
-        return self._returns_row("sweep_unmark", key=check_key(key), token=token)
-
-    def sweep_expired(self, *, limit: int = 100,
-                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
-        params = self._params(limit=check_limit(limit), grace=check_delay(grace, name="grace"),
-                              nonce=uuid.uuid4().hex)
+    def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
+        params = self._params(limit=limit, grace=grace, nonce=nonce)
 
         def sweep(conn: psycopg.Connection[Any]) -> list[Any]:
             return conn.execute(self._q["sweep"], params).fetchall()
@@ -422,19 +323,29 @@ class PostgresStore(Store):
             return rows or self._run(
                 lambda conn: conn.execute(self._q["swept_already"], params).fetchall())
 
-        rows = self._run(sweep, if_resent=swept_already)
-        return [record for (key,) in rows if (record := self.get(key)) is not None]
+        return [key for (key,) in self._run(sweep, if_resent=swept_already)]
 
-    def purge(self, key: str) -> bool:
-        key = check_key(key)
-        row = self._run(lambda conn: conn.execute(
-            self._q["purge"], self._params(key=key)).fetchone())
-        return row is not None
+    def _sweep_unmark(self, key: str, token: int) -> bool:
+        return self._returns_row("sweep_unmark", key=key, token=token)
 
-    def get(self, key: str) -> LeaseRecord | None:
-        key = check_key(key)
-        row = self._run(lambda conn: conn.execute(self._q["get"], {"key": key}).fetchone())
-        return None if row is None else _record(row)
+    def _record_history_many(self, entries: list[HistoryEntry]) -> None:
+        columns = {"keys": [e.key for e in entries], "ats": [e.at for e in entries],
+                   "events": [e.event for e in entries], "owners": [e.owner for e in entries],
+                   "tokens": [e.token for e in entries], "fences": [e.fence for e in entries],
+                   "details": [e.detail for e in entries]}
+        self._run(lambda conn: conn.execute(self._q["history_insert_many"], columns))
+
+    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
+        return [HistoryEntry(**row)
+                for row in self._rows("history_of", {"key": key, "limit": limit})]
+
+    def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
+        return [HistoryEntry(**row)
+                for row in self._rows("history_recent", {"events": events, "limit": limit})]
+
+    def _prune_history(self, cutoff: float, limit: int) -> int:
+        return int(self._run(lambda conn: conn.execute(
+            self._q["history_prune"], {"cutoff": cutoff, "limit": limit}).rowcount))
 
     def now(self) -> float:
         if self._clock is not None:
@@ -445,42 +356,33 @@ class PostgresStore(Store):
 
     # -- effect receipts --------------------------------------------------------------------
 
-    def _returns_row(self, query: str, **params: Any) -> bool:
-        return self._run(lambda conn: conn.execute(
-            self._q[query], self._params(**params)).fetchone()) is not None
-
-    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
-        return self._returns_row("effect_insert", key=check_key(key), fingerprint=fingerprint,
+    def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
+        return self._returns_row("effect_insert", key=key, fingerprint=fingerprint,
                                  **lease_params(lease)) or self._still_current(lease)
 
-    def effect_get(self, key: str) -> Receipt | None:
-        key = check_key(key)
-        row = self._run(lambda conn: conn.execute(self._q["effect_get"], {"key": key}).fetchone())
-        return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
-
-    def effect_find(self, *, state: EffectState | None = None,
-                    limit: int = 100) -> list[Receipt]:
-        params = {"state": None if state is None else EffectState(state).value,
-                  "limit": check_limit(limit)}
-        rows = self._run(lambda conn: conn.execute(self._q["effect_find"], params).fetchall())
-        return [Receipt.from_row(row, result=decode_result(row[8])) for row in rows]
-
-    def effect_update(self, key: str, *, version: int, state: EffectState,
-                      result: str | None) -> bool:
-        return self._returns_row("effect_update", key=key, version=version, state=state.value,
-                                 result=result)
-
-    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
+    def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
         return self._returns_row("effect_restart", key=key, version=version,
                                  **lease_params(lease)) or self._still_current(lease)
 
-    def _still_current(self, lease: Lease | None) -> bool:
-        """After a refused effect write: False if the lease is current, else ``LeaseLost``."""
+    def _still_current(self, lease: Lease | None) -> bool | None:
+        """After a refused receipt write: False if its lease is current, None if not."""
         if lease is not None and not self._returns_row("is_current", **fence_params(lease)):
-            raise lease_not_current(lease, "when the effect was to start")
+            return None
         return False
 
-    def effect_delete(self, key: str, *, version: int) -> bool:
+    def _effect_get(self, key: str) -> Row | None:
+        return self._row("effect_get", {"key": key})
+
+    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
+        return self._rows("effect_find", {"state": None if state is None else state.value,
+                                          "limit": limit})
+
+    def _effect_update(self, key: str, version: int, state: EffectState,
+                       result: str | None) -> bool:
+        return self._returns_row("effect_update", key=key, version=version, state=state.value,
+                                 result=result)
+
+    def _effect_delete(self, key: str, version: int) -> bool:
         return self._returns_row("effect_delete", key=key, version=version)
 
     @contextmanager
@@ -491,7 +393,7 @@ class PostgresStore(Store):
         still current at commit (checked again then), and no claim can take the key over
         while the transaction is open. Raises ``LeaseLost`` (and rolls back) otherwise.
         """
-        params = fence_params(lease)
+        params = fence_params(check_lease(lease))
         pool = self._get_pool()
         try:
             with pool.connection() as conn, conn.transaction():
@@ -508,8 +410,7 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
         if row is None:
-            raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
-                            f"is not current {when}; nothing was committed")
+            raise lease_not_current(lease, when, what="committed")
 
 
 @functools.cache
@@ -518,6 +419,9 @@ def _libpq_options() -> frozenset[str]:
     return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
 
 
-def _record(row: Sequence[Any]) -> LeaseRecord:
-    return LeaseRecord.from_row(row, result=decode_result(row[6]), task=decode_task(row[12]),
-                                checkpoint=decode_result(row[14]))
+def _one(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Row | None:
+    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
+
+
+def _all(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Row]:
+    return list(conn.cursor(row_factory=dict_row).execute(query, params).fetchall())

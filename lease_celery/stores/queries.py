@@ -16,10 +16,10 @@ _NAME_LINE = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 
 
 @functools.cache
-def load_queries(dialect: str, suffix: str = ".sql") -> dict[str, str]:
-    """Return ``{name: text}`` from ``sql/<dialect><suffix>`` (``.lua`` for Redis scripts)."""
+def load_queries(dialect: str) -> dict[str, str]:
+    """Return ``{name: text}`` from ``sql/<dialect>.sql``."""
     sql_dir = resources.files(__package__).joinpath("sql")
-    text = sql_dir.joinpath(f"{dialect}{suffix}").read_text("utf-8")
+    text = sql_dir.joinpath(f"{dialect}.sql").read_text("utf-8")
     parts = _NAME_LINE.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}

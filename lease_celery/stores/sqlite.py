@@ -9,63 +9,34 @@ locking is not reliable there, and with it goes every guarantee this store makes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from ..checks import (
-    cancel_reason,
-    check_delay,
-    check_key,
-    check_limit,
-    check_owner,
-    check_ttl,
-    decode_result,
-    decode_task,
-    encode_result,
-    encode_task,
-)
-from ..errors import ConfigError, LeaseLost, StoreBusy, StoreError
-from ..models import (
-    EffectState,
-    HistoryEntry,
-    Lease,
-    LeaseRecord,
-    LeaseState,
-    Receipt,
-    StoreStats,
-)
-from .base import (
-    DEFAULT_SWEEP_GRACE,
-    PURGE_BATCH,
-    Clock,
-    Store,
-    fence_params,
-    lease_not_current,
-    lease_params,
-    settle_deadline_offset,
-)
+from ..checks import check_ttl
+from ..errors import ConfigError, StoreBusy, StoreError
+from ..models import EffectState, HistoryEntry, Lease, LeaseState
+from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
+from .sql_glue import SCHEMA_VERSION, PerProcess, check_schema_version, purge_in_batches
 from .urls import number_option, url_options
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 5
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
 _Q = load_queries("sqlite")
-# Connections inherited through fork() must never be used or closed by the child (SQLite's
-# locks are per process); they are parked here so garbage collection does not close them.
-_INHERITED: list[sqlite3.Connection] = []
+
+
+def _row(row: sqlite3.Row | None) -> Row | None:
+    return None if row is None else dict(row)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -91,8 +62,7 @@ class SQLiteStore(Store):
         self.path, self.busy_timeout, self.synchronous = self._parse(url)
         self._clock = clock
         self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
+        self._conn: PerProcess[sqlite3.Connection] = PerProcess()
 
     @classmethod
     def check_url(cls, url: str) -> None:
@@ -133,22 +103,20 @@ class SQLiteStore(Store):
     # -- connection -------------------------------------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
-        pid = os.getpid()
-        if self._conn is not None and self._pid == pid:
-            return self._conn
-        if self._conn is not None:
-            _INHERITED.append(self._conn)  # made before fork(): belongs to the parent
-        self._conn = None
+        conn = self._conn.get()
+        if conn is not None:
+            return conn
         try:
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
                                    check_same_thread=False)
+            conn.row_factory = sqlite3.Row  # rows are read by column name (stores.rows)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open sqlite store {self.path!r}: {exc}") from exc
-        self._conn, self._pid = conn, pid
+        self._conn.set(conn)
         try:
             self._retry_busy(lambda: self._setup(conn))
         except BaseException:
-            self._conn = None
+            self._conn.set(None)
             conn.close()
             raise
         return conn
@@ -175,9 +143,8 @@ class SQLiteStore(Store):
             conn.execute(_Q["create_history_on_transition"])
             conn.execute(_Q["create_meta"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
-            if row is not None and int(row[0]) > SCHEMA_VERSION:
-                raise StoreError(f"sqlite store {self.path!r} has schema version {row[0]}, newer"
-                                 f" than this lease_celery understands ({SCHEMA_VERSION})")
+            check_schema_version(None if row is None else int(row[0]),
+                                 f"sqlite store {self.path!r}")
             if row is not None and int(row[0]) < SCHEMA_VERSION:
                 self._migrate(conn, from_version=int(row[0]))
             conn.execute(_Q["create_sweep_index"])
@@ -191,8 +158,8 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection, *, from_version: int) -> None:
-        """In the setup's transaction: schema 1 -> 2, the settle phase and the sweeper's own
-        index; 2 -> 3, checkpoints and cancellation (new columns, nothing rewritten)."""
+        """In the setup's transaction, from any older schema (``sql_glue.SCHEMA_VERSION``
+        says what each added): the columns it lacks; schema 1's rows get their sweep time."""
         columns = {name for (name,) in conn.execute(_Q["table_columns"])}
         for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel"):
             if column not in columns:
@@ -202,8 +169,8 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None and self._pid == os.getpid():
+            conn = self._conn.take()
+            if conn is not None:
                 conn.close()
 
     # -- transactions -----------------------------------------------------------------------
@@ -255,254 +222,184 @@ class SQLiteStore(Store):
         with self._lock:
             return self._retry_busy(attempt)
 
-    # -- contract ---------------------------------------------------------------------------
+    # -- primitives (Store checks and decodes; these only talk to the file) -----------------
 
-    def claim(self, key: str, *, owner: str, ttl: float,
-              task: Mapping[str, Any] | None = None) -> Lease | None:
-        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
-        task_json = encode_task(task)
-
-        def body(conn: sqlite3.Connection, now: float) -> Lease | None:
+    def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
+        def body(conn: sqlite3.Connection, now: float) -> Row | None:
             row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
-                                             "expires_at": now + ttl, "task": task_json}
-                               ).fetchone()
-            if row is None:
-                return None
-            conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
-            return Lease(key, owner, int(row[0]), float(row[1]), int(row[2]),
-                         attempts=int(row[3]), takeovers=int(row[4]), cancel=row[5])
+                                             "expires_at": now + ttl, "task": task}).fetchone()
+            if row is not None:
+                conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
+            return _row(row)
 
         return self._write(body)
 
-    def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
-        return self.renew_many([lease], ttl=ttl)[0]
-
-    def renew_many(self, leases: Sequence[Lease], *, ttl: float) -> list[Lease | None]:
-        ttl = check_ttl(ttl)
-        if not leases:
-            return []
-
-        def body(conn: sqlite3.Connection, now: float) -> list[Lease | None]:
-            renewed: list[Lease | None] = []
-            for lease in leases:
-                row = conn.execute(_Q["renew"], {**fence_params(lease), "now": now,
-                                                 "expires_at": now + ttl}).fetchone()
-                renewed.append(None if row is None else dataclasses.replace(
-                    lease, expires_at=float(row[0]), cancel=row[1]))
-            return renewed
-
-        return self._write(body)
-
-    def finish(self, lease: Lease, result: Any = None, *,
-               settle_within: float | None = None) -> bool:
-        encoded = encode_result(result)  # before the transaction: a bad result writes nothing
-        within = settle_deadline_offset(settle_within)
-        return self._write(lambda conn, now: conn.execute(_Q["finish"], {
-            **fence_params(lease), "now": now, "result": encoded,
-            "settle_deadline": None if within is None else now + within}).rowcount == 1)
-
-    def checkpoint(self, lease: Lease, data: str) -> bool:
-        params = {**fence_params(lease), "checkpoint": str(data)}
-        return self._write(lambda conn, now: conn.execute(
-            _Q["checkpoint"], {**params, "now": now}).rowcount == 1)
-
-    def cancel(self, key: str, *, reason: str) -> bool:
-        params = {"key": check_key(key), "reason": cancel_reason(reason)}
-
-        def body(conn: sqlite3.Connection, now: float) -> bool:
-            if conn.execute(_Q["cancel_held"], {**params, "now": now}).rowcount == 1:
-                return True
-            return conn.execute(_Q["cancel_idle"], {**params, "now": now}).rowcount == 1
-
-        return self._write(body)
-
-    def settle_many(self, leases: Sequence[Lease]) -> list[bool]:
-        if not leases:
-            return []
-        return self._write(lambda conn, now: [conn.execute(
-            _Q["settle"], {**fence_params(lease), "now": now}).rowcount == 1
+    def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
+        return self._write(lambda conn, now: [_row(conn.execute(_Q["renew"], {
+            **fence_params(lease), "now": now, "expires_at": now + ttl}).fetchone())
             for lease in leases])
 
-    def claim_settlement(self, key: str, *, owner: str, ttl: float) -> Lease | None:
-        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
+        return self._write(lambda conn, now: conn.execute(_Q["finish"], {
+            **fence_params(lease), "now": now, "result": result,
+            "settle_deadline": None if settle_within is None else now + settle_within}
+            ).rowcount == 1)
 
-        def body(conn: sqlite3.Connection, now: float) -> Lease | None:
-            row = conn.execute(_Q["claim_settlement"], {
-                "key": key, "owner": owner, "now": now, "expires_at": now + ttl}).fetchone()
-            return None if row is None else Lease(
-                key, owner, int(row[0]), float(row[1]), int(row[2]), attempts=int(row[3]),
-                takeovers=int(row[4]))
-
-        return self._write(body)
-
-    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
-        delay = check_delay(delay)
+    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["release"], {
             **fence_params(lease), "now": now, "reason": reason,
             "not_before": now + delay if delay else None}).rowcount == 1)
 
-    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
-        within = settle_deadline_offset(settle_within)
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["kill"], {
             **fence_params(lease), "now": now, "reason": reason,
-            "settle_deadline": None if within is None else now + within}).rowcount == 1)
+            "settle_deadline": None if settle_within is None else now + settle_within}
+            ).rowcount == 1)
 
-    # -- operator actions -------------------------------------------------------------------
+    def _checkpoint(self, lease: Lease, data: str) -> bool:
+        return self._write(lambda conn, now: conn.execute(_Q["checkpoint"], {
+            **fence_params(lease), "checkpoint": data, "now": now}).rowcount == 1)
 
-    def force_release(self, key: str, *, reason: str) -> bool:
-        key = check_key(key)
+    def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        return self._write(lambda conn, now: [conn.execute(
+            _Q["settle"], {**fence_params(lease), "now": now}).rowcount == 1
+            for lease in leases])
+
+    def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
+        return self._write(lambda conn, now: _row(conn.execute(_Q["claim_settlement"], {
+            "key": key, "owner": owner, "now": now, "expires_at": now + ttl}).fetchone()))
+
+    def _cancel(self, key: str, reason: str) -> bool:
+        def body(conn: sqlite3.Connection, now: float) -> bool:
+            params = {"key": key, "reason": reason, "now": now}
+            return (conn.execute(_Q["cancel_held"], params).rowcount == 1
+                    or conn.execute(_Q["cancel_idle"], params).rowcount == 1)
+
+        return self._write(body)
+
+    def _force_release(self, key: str, reason: str) -> bool:
         return self._write(lambda conn, now: conn.execute(
             _Q["force_release"], {"key": key, "now": now, "reason": reason}).rowcount == 1)
 
-    def requeue(self, key: str, *, reason: str) -> LeaseRecord | None:
-        key = check_key(key)
-        requeued = self._write(lambda conn, now: conn.execute(
-            _Q["requeue"], {"key": key, "now": now, "reason": reason}).fetchone() is not None)
-        return self.get(key) if requeued else None
-
-    def find(self, *, state: LeaseState | None = None, prefix: str | None = None,
-             owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
-        params = {"state": None if state is None else LeaseState(state).value,
-                  "prefix": prefix, "owner": owner, "limit": check_limit(limit)}
-        rows = self._read(lambda conn: conn.execute(_Q["list"], params).fetchall())
-        return [self._record(row) for row in rows]
-
-    def stats(self) -> StoreStats:
-        rows = self._read(lambda conn: conn.execute(_Q["stats"], {"now": self._now()}).fetchall())
-        return StoreStats(counts={state: int(n) for state, n, _ in rows},
-                          expired=sum(int(expired or 0) for _, _, expired in rows))
-
-    def purge_older_than(self, seconds: float, *, limit: int | None = None) -> int:
-        seconds = check_delay(seconds)
-        batch = PURGE_BATCH if limit is None else check_limit(limit)
-
-        def body(conn: sqlite3.Connection, now: float) -> int:
-            params = {"cutoff": now - seconds, "limit": batch}
-            conn.execute(_Q["retire_old"], params)
-            return int(conn.execute(_Q["purge_old"], params).rowcount)
-
-        # Small transactions: the write lock is never held for a whole table's worth.
-        purged = self._write(body)
-        total = purged
-        while limit is None and purged == batch:
-            purged = self._write(body)
-            total += purged
-        return total
-
-    def sweep_expired(self, *, limit: int = 100,
-                      grace: float = DEFAULT_SWEEP_GRACE) -> list[LeaseRecord]:
-        params = {"limit": check_limit(limit), "grace": check_delay(grace, name="grace"),
-                  "nonce": uuid.uuid4().hex}
-
-        def body(conn: sqlite3.Connection, now: float) -> list[str]:
-            keys = [k for (k,) in conn.execute(_Q["sweep_candidates"], {**params, "now": now})]
-            return [k for k in keys if conn.execute(
-                _Q["sweep_mark"], {**params, "key": k, "now": now}).fetchone()]
-
-        return [record for key in self._write(body) if (record := self.get(key)) is not None]
-
-    def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
-        rows = [(e.key, e.at, e.event, e.owner, e.token, e.fence, e.detail) for e in entries]
-        if rows:
-            self._write(lambda conn, now: conn.executemany(_Q["history_insert"], rows))
-
-    def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
-        params = {"key": check_key(key), "limit": check_limit(limit)}
-        rows = self._read(lambda conn: conn.execute(_Q["history_of"], params).fetchall())
-        return [HistoryEntry(*row) for row in rows]
-
-    def recent_history(self, *, events: Sequence[str] | None = None,
-                       limit: int = 100) -> list[HistoryEntry]:
-        params = {"events": None if events is None else json.dumps(list(events)),
-                  "limit": check_limit(limit)}
-        rows = self._read(lambda conn: conn.execute(_Q["history_recent"], params).fetchall())
-        return [HistoryEntry(*row) for row in rows]
-
-    def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
-        seconds = check_delay(seconds)
-        # Entries carry the clock of the process that saw them: so does the cutoff.
-        cutoff = time.time() - seconds
-        return self._write(lambda conn, now: int(conn.execute(_Q["history_prune"], {
-            "cutoff": cutoff, "limit": check_limit(limit)}).rowcount))
-
-    def sweep_unmark(self, key: str, token: int) -> bool:
-        params = {"key": check_key(key), "token": token}
+    def _requeue(self, key: str, reason: str) -> bool:
         return self._write(lambda conn, now: conn.execute(
-            _Q["sweep_unmark"], params).rowcount == 1)
+            _Q["requeue"], {"key": key, "now": now, "reason": reason}).fetchone() is not None)
 
-    def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._lock:
-            return self._retry_busy(lambda: query(self._connection()))
-
-    @staticmethod
-    def _record(row: Sequence[Any]) -> LeaseRecord:
-        return LeaseRecord.from_row(row, result=decode_result(row[6]),
-                                    task=decode_task(row[12]),
-                                    checkpoint=decode_result(row[14]))
-
-    def purge(self, key: str) -> bool:
-        key = check_key(key)
-
+    def _purge(self, key: str) -> bool:
         def body(conn: sqlite3.Connection, now: float) -> bool:
             conn.execute(_Q["retire"], {"key": key, "now": now})
             return conn.execute(_Q["purge"], {"key": key, "now": now}).rowcount == 1
 
         return self._write(body)
 
-    def get(self, key: str) -> LeaseRecord | None:
-        key = check_key(key)
-        row = self._read(lambda conn: conn.execute(_Q["get"], {"key": key}).fetchone())
-        return None if row is None else self._record(row)
+    def _purge_older_than(self, seconds: float, limit: int | None) -> int:
+        def batch(size: int) -> int:
+            def body(conn: sqlite3.Connection, now: float) -> int:
+                params = {"cutoff": now - seconds, "limit": size}
+                conn.execute(_Q["retire_old"], params)
+                return int(conn.execute(_Q["purge_old"], params).rowcount)
+
+            return self._write(body)
+
+        # Small transactions: the write lock is never held for a whole table's worth.
+        return purge_in_batches(batch, limit)
+
+    def _get(self, key: str) -> Row | None:
+        return _row(self._read(lambda conn: conn.execute(_Q["get"], {"key": key}).fetchone()))
+
+    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
+              limit: int) -> list[Row]:
+        params = {"state": None if state is None else state.value, "prefix": prefix,
+                  "owner": owner, "limit": limit}
+        return [dict(row) for row in self._read(
+            lambda conn: conn.execute(_Q["list"], params).fetchall())]
+
+    def _stats(self) -> list[Row]:
+        return [dict(row) for row in self._read(
+            lambda conn: conn.execute(_Q["stats"], {"now": self._now()}).fetchall())]
+
+    def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
+        def body(conn: sqlite3.Connection, now: float) -> list[str]:
+            params = {"limit": limit, "grace": grace, "nonce": nonce, "now": now}
+            keys = [k for (k,) in conn.execute(_Q["sweep_candidates"], params)]
+            return [k for k in keys
+                    if conn.execute(_Q["sweep_mark"], {**params, "key": k}).fetchone()]
+
+        return self._write(body)
+
+    def _sweep_unmark(self, key: str, token: int) -> bool:
+        return self._write(lambda conn, now: conn.execute(
+            _Q["sweep_unmark"], {"key": key, "token": token}).rowcount == 1)
+
+    def _record_history_many(self, entries: list[HistoryEntry]) -> None:
+        rows = [(e.key, e.at, e.event, e.owner, e.token, e.fence, e.detail) for e in entries]
+        self._write(lambda conn, now: conn.executemany(_Q["history_insert"], rows))
+
+    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
+        rows = self._read(lambda conn: conn.execute(
+            _Q["history_of"], {"key": key, "limit": limit}).fetchall())
+        return [HistoryEntry(**dict(row)) for row in rows]
+
+    def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
+        params = {"events": None if events is None else json.dumps(events), "limit": limit}
+        rows = self._read(lambda conn: conn.execute(_Q["history_recent"], params).fetchall())
+        return [HistoryEntry(**dict(row)) for row in rows]
+
+    def _prune_history(self, cutoff: float, limit: int) -> int:
+        return self._write(lambda conn, now: int(conn.execute(_Q["history_prune"], {
+            "cutoff": cutoff, "limit": limit}).rowcount))
+
+    def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._lock:
+            return self._retry_busy(lambda: query(self._connection()))
 
     def now(self) -> float:
         return self._now()
 
     # -- effect receipts --------------------------------------------------------------------
 
-    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool:
-        params = {"key": check_key(key), "fingerprint": fingerprint, **lease_params(lease)}
-
-        def body(conn: sqlite3.Connection, now: float) -> bool:
-            self._require_current(conn, lease, now)
-            return conn.execute(_Q["effect_insert"], {**params, "now": now}).rowcount == 1
+    def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
+        def body(conn: sqlite3.Connection, now: float) -> bool | None:
+            if not self._is_current(conn, lease, now):
+                return None
+            return conn.execute(_Q["effect_insert"], {
+                "key": key, "fingerprint": fingerprint, **lease_params(lease), "now": now}
+                ).rowcount == 1
 
         return self._write(body)
 
-    def effect_get(self, key: str) -> Receipt | None:
-        key = check_key(key)
-        row = self._read(lambda conn: conn.execute(_Q["effect_get"], {"key": key}).fetchone())
-        return None if row is None else Receipt.from_row(row, result=decode_result(row[8]))
-
-    def effect_find(self, *, state: EffectState | None = None,
-                    limit: int = 100) -> list[Receipt]:
-        params = {"state": None if state is None else EffectState(state).value,
-                  "limit": check_limit(limit)}
-        rows = self._read(lambda conn: conn.execute(_Q["effect_find"], params).fetchall())
-        return [Receipt.from_row(row, result=decode_result(row[8])) for row in rows]
-
-    def effect_update(self, key: str, *, version: int, state: EffectState,
-                      result: str | None) -> bool:
-        params = {"key": key, "version": version, "state": state.value, "result": result}
-        return self._write(lambda conn, now: conn.execute(
-            _Q["effect_update"], {**params, "now": now}).rowcount == 1)
-
-    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool:
-        params = {"key": key, "version": version, **lease_params(lease)}
-
-        def body(conn: sqlite3.Connection, now: float) -> bool:
-            self._require_current(conn, lease, now)
-            return conn.execute(_Q["effect_restart"], {**params, "now": now}).rowcount == 1
+    def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
+        def body(conn: sqlite3.Connection, now: float) -> bool | None:
+            if not self._is_current(conn, lease, now):
+                return None
+            return conn.execute(_Q["effect_restart"], {
+                "key": key, "version": version, **lease_params(lease), "now": now}
+                ).rowcount == 1
 
         return self._write(body)
 
     @staticmethod
-    def _require_current(conn: sqlite3.Connection, lease: Lease | None, now: float) -> None:
-        """Inside the write transaction: the effect's lease (if any) must be current."""
-        if lease is not None and conn.execute(
-                _Q["check_current"], {**fence_params(lease), "now": now}).fetchone() is None:
-            raise lease_not_current(lease, "when the effect was to start")
+    def _is_current(conn: sqlite3.Connection, lease: Lease | None, now: float) -> bool:
+        """Inside the write transaction: is the effect's lease (if any) current?"""
+        return lease is None or conn.execute(
+            _Q["check_current"], {**fence_params(lease), "now": now}).fetchone() is not None
 
-    def effect_delete(self, key: str, *, version: int) -> bool:
+    def _effect_get(self, key: str) -> Row | None:
+        return _row(self._read(
+            lambda conn: conn.execute(_Q["effect_get"], {"key": key}).fetchone()))
+
+    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
+        params = {"state": None if state is None else state.value, "limit": limit}
+        return [dict(row) for row in self._read(
+            lambda conn: conn.execute(_Q["effect_find"], params).fetchall())]
+
+    def _effect_update(self, key: str, version: int, state: EffectState,
+                       result: str | None) -> bool:
+        params = {"key": key, "version": version, "state": state.value, "result": result}
+        return self._write(lambda conn, now: conn.execute(
+            _Q["effect_update"], {**params, "now": now}).rowcount == 1)
+
+    def _effect_delete(self, key: str, version: int) -> bool:
         return self._write(lambda conn, now: conn.execute(
             _Q["effect_delete"], {"key": key, "version": version}).rowcount == 1)
 
@@ -520,7 +417,7 @@ class SQLiteStore(Store):
         then); otherwise ``LeaseLost`` is raised and nothing is committed. The write lock is held
         throughout, so keep the block short.
         """
-        params = fence_params(lease)
+        params = fence_params(check_lease(lease))
         with self._lock:
             conn = self._retry_busy(self._begin)
             try:
@@ -548,5 +445,4 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
         if row is None:
-            raise LeaseLost(f"lease {lease.key!r} (owner {lease.owner}, token {lease.token}) "
-                            f"is not current {when}; nothing was committed")
+            raise lease_not_current(lease, when, what="committed")

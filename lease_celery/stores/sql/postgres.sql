@@ -453,8 +453,8 @@ ORDER BY updated_at DESC
 LIMIT %(limit)s
 
 -- name: stats
-SELECT state, count(*),
-       count(*) FILTER (WHERE state = 'running' AND expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
+SELECT state, count(*) AS total,
+       count(*) FILTER (WHERE state = 'running' AND expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)) AS expired
 FROM {schema}.lease_celery_leases WHERE state <> 'purged' GROUP BY state
 
 -- name: purge_old

@@ -362,7 +362,7 @@ ORDER BY updated_at DESC
 LIMIT :limit
 
 -- name: stats
-SELECT state, count(*), sum(state = 'running' AND expires_at <= :now)
+SELECT state, count(*) AS total, sum(state = 'running' AND expires_at <= :now) AS expired
 FROM lease_celery_leases GROUP BY state
 
 -- name: retire_old

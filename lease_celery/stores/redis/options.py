@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult, unquote
 
-from ..checks import check_ttl
-from ..errors import ConfigError
-from .urls import choice_option, url_options, whole_option
+from ...checks import check_ttl
+from ...errors import ConfigError
+from ..urls import choice_option, url_options, whole_option
 
 __all__ = ["connection_options"]
 

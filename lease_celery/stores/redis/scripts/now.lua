@@ -1,0 +1,2 @@
+local t = now(ARGV[1])
+return fmt(t)

@@ -1,0 +1,379 @@
+"""Redis store, for deployments whose shared state already lives in Redis.
+
+Each operation is one Lua script, run atomically by the server on the server's clock
+(``TIME``). Keys live under a prefix (``?prefix=lease_celery:``); every lease key has a token
+counter of its own beside its hash, so a purged and re-created key never restarts at 1.
+
+Limit: Redis replicates asynchronously. A failover can lose the latest writes, and with them a
+claim, so a token can go backwards and two owners can both believe they hold a key. PostgreSQL
+is the store for strict fencing across failover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from ...errors import ConfigError, StoreError
+from ...extras import needs
+from ...identity import owned_by
+from ...models import EffectState, HistoryEntry, Lease, LeaseState
+from ..base import Clock, Row, Store, lease_params
+from ..rows import task_id_only
+from ..urls import server_address
+from .lua import HISTORY_PER_KEY, HISTORY_RECENT, PRELUDE, SCRIPTS
+
+with needs("the Redis lease store", "redis-py", extra="redis"):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from .options import connection_options
+    from .wire import ScriptCaller
+
+__all__ = ["RedisStore"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _server_errors(method: Callable[Concatenate[RedisStore, _P], _T]
+                   ) -> Callable[Concatenate[RedisStore, _P], _T]:
+    """redis-py's errors out of ``method`` as ``StoreError`` naming the server."""
+    @functools.wraps(method)
+    def wrapped(store: RedisStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(store, *args, **kwargs)
+        except redis.RedisError as exc:
+            raise store._failed(exc) from exc
+
+    return wrapped
+
+
+#: The fields of a claimed row, in the order the claim script answers with them.
+_CLAIMED = ("token", "expires_at", "fence", "attempts", "takeovers", "cancel")
+
+logger = logging.getLogger(__name__)
+
+
+
+class RedisStore(Store):
+    """Lease store on Redis (``redis://host:port/db``, ``rediss://`` for TLS).
+
+    URL options: ``prefix`` (default ``lease_celery:``), and the redis-py connection options
+    the store hands on: ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default
+    5), ``socket_keepalive``, ``health_check_interval``, ``client_name``, ``db``, and on
+    ``rediss://`` the ``ssl_*`` ones (``ssl_cert_reqs``, ``ssl_ca_certs``, ...). Any other
+    option, or one given twice, is a ``ConfigError`` naming it, raised without connecting:
+    the store sets the others itself (``decode_responses``, its retry) or cannot honour them.
+    """
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        self.url = url
+        self._clock = clock
+        parts = urlsplit(url)
+        self._where = server_address("redis", parts, 6379)
+        self.prefix, connection = connection_options(parts, f"{parts.scheme}://{self._where}")
+        try:
+            # redis-py would silently re-send after a dropped connection; _call does it instead,
+            # knowing that a re-sent write may be judged against the first one's effect.
+            self._client = redis.Redis.from_url(
+                urlunsplit((parts.scheme, parts.netloc, "", "", "")),
+                decode_responses=True, retry=Retry(NoBackoff(), 0), **connection)
+        except ValueError as exc:
+            raise ConfigError(f"redis lease store URL for {self._where}: {exc}") from exc
+        # After fork() the child makes connections of its own: redis-py's pool notices by pid
+        # (the operator commands' calls), and so does the script caller (wire).
+        self._scripts = {name: self._client.register_script(f"{PRELUDE}\n{body}")
+                         for name, body in SCRIPTS.items()}
+        self._caller = ScriptCaller(self._client.connection_pool)
+        self._lock = threading.Lock()
+
+    @property
+    def _running(self) -> str:
+        """The sorted set of running lease hashes by deadline (what the sweeper reads)."""
+        return f"{self.prefix}running"
+
+    def _keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}lease:{key}", f"{self.prefix}token:{key}"]
+
+    def _failed(self, exc: Exception) -> StoreError:
+        return StoreError(f"redis lease store at {self._where}: {exc}")
+
+    # Every command the store sends runs in one of these four (scripts through _call):
+    # each turns redis-py's errors into a StoreError naming the server.
+
+    @_server_errors
+    def _hgetall(self, name: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._client.hgetall(name).items()}
+
+    @_server_errors
+    def _hmget(self, name: str, fields: Sequence[str]) -> list[str | None]:
+        return [None if v is None else str(v) for v in self._client.hmget(name, list(fields))]
+
+    @_server_errors
+    def _lrange(self, name: str, start: int, end: int) -> list[str]:
+        return [str(item) for item in self._client.lrange(name, start, end)]
+
+    @_server_errors
+    def _scan(self, head: str) -> list[str]:
+        """The names that start with ``head``, ``head`` stripped (SCAN: an operator's
+        listing, not a hot path)."""
+        return [str(name)[len(head):]
+                for name in self._client.scan_iter(match=_pattern(head), count=500)]
+
+    def _injected_now(self) -> str:
+        return "" if self._clock is None else repr(float(self._clock()))
+
+    def _call(self, script: str, keys: list[str], args: list[Any], *,
+              if_resent: Callable[[Any], Any] | None = None) -> Any:
+        """Run one script; after a dropped connection, send it once more (see ``if_resent``).
+
+        A script whose reply was lost may have run; ``if_resent`` corrects the re-sent copy's
+        answer, which is judged against the first one's effect.
+        """
+        for attempt in (1, 2):
+            try:
+                reply = self._caller.run(self._scripts[script], keys,
+                                         [self._injected_now(), *args])
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if attempt == 2:
+                    raise self._failed(exc) from exc
+                logger.warning("redis lease store at %s: %s; sending again", self._where, exc)
+                continue
+            except redis.RedisError as exc:
+                raise self._failed(exc) from exc
+            return if_resent(reply) if attempt == 2 and if_resent is not None else reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- primitives (Store checks and decodes; these only run scripts and reads) ----------
+
+    def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
+        nonce = uuid.uuid4().hex
+        reply = self._call("claim", [*self._keys(key), f"{self.prefix}fence", self._running],
+                           [owner, repr(ttl), task or "", nonce],
+                           # Refused after a re-send: did the first send win? Its nonce would
+                           # be on the row.
+                           if_resent=lambda reply: reply or self._claimed_by(key, owner, nonce))
+        return dict(zip(_CLAIMED, reply, strict=False)) if reply else None
+
+    def _claimed_by(self, key: str, owner: str, nonce: str,
+                    state: str | None = "running") -> list[str] | None:
+        """Does the row carry this claim call's nonce (``state``: and that state)?"""
+        row_state, row_owner, row_nonce, *rest = self._hmget(
+            self._keys(key)[0], ["state", "owner", "nonce", *_CLAIMED])
+        if (row_owner, row_nonce) != (owner, nonce) or (state is not None and row_state != state):
+            return None
+        *numbers, cancel = rest
+        return [*(v or "0" for v in numbers), cancel or ""]
+
+    def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
+        args: list[Any] = [repr(ttl)]
+        for lease in leases:
+            args += [lease.owner, str(lease.token)]
+        reply = self._call("renew", [self._running,
+                                     *(self._keys(lease.key)[0] for lease in leases)], args)
+        return [{"expires_at": deadline, "cancel": cancel} if deadline else None
+                for deadline, cancel in reply]
+
+    def _fenced_write(self, lease: Lease, state: LeaseState, *, result: str = "",
+                      reason: str | None = None, delay: float = 0.0,
+                      settle_within: float | None = None) -> bool:
+        return bool(self._call("fenced_write", [self._keys(lease.key)[0], self._running], [
+            lease.owner, str(lease.token), state.value, result, reason or "", repr(delay),
+            "" if settle_within is None else repr(settle_within)],
+            if_resent=lambda ok: ok or self.settled_by(lease, state)))
+
+    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
+        return self._fenced_write(lease, LeaseState.DONE, result=result,
+                                  settle_within=settle_within)
+
+    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
+        return self._fenced_write(lease, LeaseState.READY, reason=reason, delay=delay)
+
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
+        return self._fenced_write(lease, LeaseState.DEAD, reason=reason,
+                                  settle_within=settle_within)
+
+    def _checkpoint(self, lease: Lease, data: str) -> bool:
+        # Re-sent after a lost reply, the same write is judged again: still ours, accepted.
+        return bool(self._call("checkpoint", [self._keys(lease.key)[0]], [
+            lease.owner, str(lease.token), data]))
+
+    def _cancel(self, key: str, reason: str) -> bool:
+        lease_hash, counter = self._keys(key)
+        return bool(self._call("cancel", [lease_hash, self._running, counter], [reason]))
+
+    def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
+        args: list[Any] = []
+        for lease in leases:
+            args += [lease.owner, str(lease.token)]
+        # Idempotent: a row this owner already settled answers 1, so a re-send is harmless.
+        reply = self._call("settle_many", [self._running,
+                                           *(self._keys(lease.key)[0] for lease in leases)], args)
+        return [bool(int(ok)) for ok in reply]
+
+    def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
+        nonce = uuid.uuid4().hex
+        reply = self._call("claim_settlement", [self._keys(key)[0], self._running],
+                           [owner, repr(ttl), nonce],
+                           if_resent=lambda reply: reply or self._claimed_by(
+                               key, owner, nonce, state=None))
+        return dict(zip(_CLAIMED[:5], reply, strict=False)) if reply else None
+
+    # -- operator actions (SCAN-based listing: fine for operations, not for a hot path) -----
+
+    def _force_release(self, key: str, reason: str) -> bool:
+        return bool(self._call("force_release", [self._keys(key)[0], self._running], [reason]))
+
+    def _requeue(self, key: str, reason: str) -> bool:
+        return bool(self._call("requeue", [self._keys(key)[0], self._running], [reason]))
+
+    def _purge(self, key: str) -> bool:
+        return bool(self._call("purge", [*self._keys(key), self._running], []))
+
+    def _purge_older_than(self, seconds: float, limit: int | None) -> int:
+        if limit is not None:  # retention: the oldest, from the terminal index
+            return int(self._call("prune", [self._running], [repr(seconds), str(limit)]))
+        # All of them (an operator's purge): every hash, rows written before the terminal
+        # index existed included.
+        return sum(int(self._call("purge_old", [self._keys(key)[0], self._running],
+                                  [repr(seconds)]))
+                   for key in self._lease_keys())
+
+    def _lease_keys(self) -> list[str]:
+        """Every lease key in the store."""
+        return self._scan(f"{self.prefix}lease:")
+
+    def _get(self, key: str) -> Row | None:
+        row: dict[str, Any] = self._hgetall(self._keys(key)[0])
+        if not row:
+            return None
+        row["key"] = key
+        if "task" not in row and "task_id" in row:
+            # A settled done row keeps only its task id (drop_task in redis.lua).
+            row["task"] = task_id_only(row["task_id"])
+        return row
+
+    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
+              limit: int) -> list[Row]:
+        rows = [row for key in self._lease_keys()
+                if (prefix is None or key.startswith(prefix))
+                and (row := self._get(key)) is not None
+                and (state is None or row["state"] == state.value)
+                and (owner is None or owned_by(row.get("owner"), owner))]
+        rows.sort(key=lambda row: float(row.get("updated_at") or 0.0), reverse=True)
+        return rows[:limit]
+
+    def _stats(self) -> list[Row]:
+        now = self.now()
+        by_state: dict[str, dict[str, Any]] = {}
+        for key in self._lease_keys():
+            row = self._get(key)
+            if row is None:
+                continue
+            counts = by_state.setdefault(row["state"], {"state": row["state"], "total": 0,
+                                                        "expired": 0})
+            counts["total"] += 1
+            counts["expired"] += (row["state"] == LeaseState.RUNNING.value
+                                  and float(row.get("expires_at") or 0.0) <= now)
+        return list(by_state.values())
+
+    def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
+        # One script over the attention index: the cost follows what is due, not the store
+        # size. A re-sent sweep finds its first send's marks set: those rows come back one
+        # grace period later.
+        hashes = self._call("sweep", [self._running], [str(limit), repr(grace), nonce])
+        head = f"{self.prefix}lease:"
+        return [str(name)[len(head):] for name in hashes]
+
+    def _sweep_unmark(self, key: str, token: int) -> bool:
+        return bool(self._call("sweep_unmark", [self._keys(key)[0], self._running],
+                               [str(token)]))
+
+    # -- history: a capped list per key (it goes with the key's hash) and one across keys ---
+
+    def _record_history_many(self, entries: list[HistoryEntry]) -> None:
+        # One script call per batch: packing a command costs the writer thread (and so the
+        # tasks sharing its GIL) far more than packing one more argument.
+        args: list[Any] = [str(HISTORY_PER_KEY), str(HISTORY_RECENT)]
+        for entry in entries:
+            args += [entry.key, json.dumps(dataclasses.asdict(entry), separators=(",", ":"))]
+        self._call("history_append", [f"{self.prefix}history"], args)
+
+    def _history_list(self, name: str, start: int, end: int) -> list[HistoryEntry]:
+        return [HistoryEntry(**json.loads(item)) for item in self._lrange(name, start, end)]
+
+    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
+        return self._history_list(f"{self.prefix}history:{key}", -limit, -1)
+
+    def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
+        entries = self._history_list(f"{self.prefix}history", 0, HISTORY_RECENT - 1)
+        wanted = None if events is None else set(events)
+        return [e for e in entries if wanted is None or e.event in wanted][:limit]
+
+    def _prune_history(self, cutoff: float, limit: int) -> int:
+        # Nothing to prune by age: each key's list is capped and deleted with its hash (by
+        # retention or purge), and the list across keys keeps the latest HISTORY_RECENT.
+        return 0
+
+    # -- effect receipts --------------------------------------------------------------------
+
+    def _effect_key(self, key: str) -> list[str]:
+        return [f"{self.prefix}effect:{key}"]
+
+    def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
+        return self._effect_write("effect_insert", key, lease, [fingerprint])
+
+    def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
+        return self._effect_write("effect_restart", key, lease, [str(version)])
+
+    def _effect_write(self, script: str, key: str, lease: Lease | None,
+                      leading: list[str]) -> bool | None:
+        """Run a receipt script fenced on ``lease`` (-1 back: it was not current, None)."""
+        who = lease_params(lease)
+        lease_hash = self._keys(lease.key)[0] if lease is not None else f"{self.prefix}none"
+        reply = int(self._call(script, [*self._effect_key(key), lease_hash], [
+            *leading, who["lease_key"] or "", "" if lease is None else str(lease.token),
+            who["lease_owner"] or ""]))
+        return None if reply == -1 else reply == 1
+
+    def _effect_get(self, key: str) -> Row | None:
+        fields = self._hgetall(self._effect_key(key)[0])
+        return {"key": key, **fields} if fields else None
+
+    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
+        # SCAN-based, like find(): an operator's listing, not a hot path.
+        rows = [row for key in self._scan(f"{self.prefix}effect:")
+                if (row := self._effect_get(key)) is not None
+                and (state is None or row["state"] == state.value)]
+        rows.sort(key=lambda row: float(row["updated_at"]), reverse=True)
+        return rows[:limit]
+
+    def _effect_update(self, key: str, version: int, state: EffectState,
+                       result: str | None) -> bool:
+        return bool(self._call("effect_update", self._effect_key(key),
+                               [str(version), state.value, result or ""]))
+
+    def _effect_delete(self, key: str, version: int) -> bool:
+        return bool(self._call("effect_delete", self._effect_key(key), [str(version)]))
+
+    def now(self) -> float:
+        return float(self._call("now", [], []))
+
+    def close(self) -> None:
+        self._caller.close()
+        self._client.close()
+
+
+def _pattern(head: str) -> str:
+    """A SCAN pattern matching the names that start with ``head`` (its glob characters
+    escaped)."""
+    return "".join(f"[{c}]" if c in "*?[]\\" else c for c in head) + "*"

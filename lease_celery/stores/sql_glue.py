@@ -1,0 +1,69 @@
+"""What the two SQL stores share besides the contract: the schema version they write, the
+connection (or pool) that belongs to one process, and retention's batches."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from ..errors import StoreError
+from .base import PURGE_BATCH
+
+__all__ = ["SCHEMA_VERSION", "PerProcess", "check_schema_version", "purge_in_batches"]
+
+#: The schema both SQL stores create and migrate to (see their ``_migrate``/``migrate_*``):
+#: 1 leases and effects; 2 the settle phase and the sweeper's index; 3 checkpoints and
+#: cancellation; 4 the history table; 5 the store writes each transition into it itself
+#: (triggers). Every step only adds: no row is rewritten but schema 1's.
+SCHEMA_VERSION = 5
+
+_T = TypeVar("_T")
+
+#: Connections and pools made before fork(): the parent's, never used or closed by a child
+#: (SQLite's locks are per process; a libpq socket shared by two processes interleaves their
+#: messages). Parked here so that garbage collection does not close them either.
+_INHERITED: list[object] = []
+
+
+class PerProcess(Generic[_T]):
+    """A connection or pool that belongs to the process that made it: after ``fork()`` the
+    child sees none and makes its own."""
+
+    def __init__(self) -> None:
+        self._value: _T | None = None
+        self._pid = 0
+
+    def get(self) -> _T | None:
+        """This process's, or None (an inherited one is parked, never touched)."""
+        if self._value is not None and self._pid != os.getpid():
+            _INHERITED.append(self._value)
+            self._value = None
+        return self._value
+
+    def set(self, value: _T | None) -> None:
+        self._value, self._pid = value, os.getpid()
+
+    def take(self) -> _T | None:
+        """Forget it and hand it over to be closed, if it is this process's."""
+        value = self.get()
+        self._value = None
+        return value
+
+
+def check_schema_version(found: int | None, where: str) -> None:
+    """A schema newer than this lease_celery is refused: its rules may not be ours."""
+    if found is not None and found > SCHEMA_VERSION:
+        raise StoreError(f"{where} has schema version {found}, newer than this lease_celery "
+                         f"understands ({SCHEMA_VERSION})")
+
+
+def purge_in_batches(batch: Callable[[int], int], limit: int | None) -> int:
+    """Retention's deletes: ``batch(n)`` deletes up to n rows in one short write and says how
+    many; all of them (``limit`` None) in batches of ``PURGE_BATCH``, or at most ``limit``."""
+    size = PURGE_BATCH if limit is None else limit
+    purged = total = batch(size)
+    while limit is None and purged == size:
+        purged = batch(size)
+        total += purged
+    return total
