@@ -132,3 +132,41 @@ print(before, once, ours())
     assert done.returncode == 0, done.stderr
     before, once, twice = map(int, done.stdout.split())
     assert before == 0 and once > 0 and twice == once, done.stdout
+
+
+#: The layers, lowest first: a module imports only from its own layer and those below it.
+#: CONTRIBUTING.md draws the same picture; a new module has to be placed here.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("basic types", {"errors", "models", "checks", "extras", "identity", "signals", "policy",
+                     "keys", "fencing", "apps", "names"}),
+    ("stores", {"stores", "stores.base", "stores.rows", "stores.urls", "stores.registry",
+                "stores.queries", "stores.sql_glue", "stores.sqlite", "stores.postgres",
+                "stores.redis", "stores.redis.store", "stores.redis.lua",
+                "stores.redis.options", "stores.redis.wire", "effects"}),
+    ("settings", {"settings"}),
+    ("per-process runtime", {"handle", "heartbeat", "green", "history"}),
+    ("the task's path", {"task", "attempts", "background", "settle", "answers", "unique",
+                         "delivery"}),
+    ("worker and beat", {"sweeper", "timelimits", "worker", "beat", "wiring", "metrics"}),
+    ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "web", "web.app",
+               "web.pages", "web.html", "web.timeline", "web.serve"}),
+]
+
+#: The one import that points up, and why: LeasedTask is the only hook lease_celery has into
+#: a user's app, so binding the task is where install() (the composition root) gets called.
+UPWARD = {("task", "wiring")}
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("lease_celery").removeprefix(".")
+
+
+def test_every_module_has_a_layer_and_imports_only_downwards() -> None:
+    layer_of = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}
+    graph = {_short(module): {_short(t) for t in targets}
+             for module, targets in import_graph().items()}
+    assert set(graph) - set(layer_of) == set(), "place the new modules in LAYERS"
+    upward = {(module, target) for module, targets in graph.items() for target in targets
+              if layer_of[target] > layer_of[module]}
+    assert upward == UPWARD, {f"{m} ({LAYERS[layer_of[m]][0]}) -> {t} ({LAYERS[layer_of[t]][0]})"
+                              for m, t in upward - UPWARD}
