@@ -378,11 +378,22 @@ class LeasedSchedulerMixin(Scheduler):  # type: ignore[misc]  # celery ships no 
             self._lease_note(entry, "beat.schedule_unslotted",
                              f"periodic entry {entry.name!r}: {exc}; sent under a fresh task "
                              "id, so N beats run it N times")
-            send = entry
+            return super().apply_async(entry, producer=producer, advance=False, **kwargs)
         except Exception as exc:
             raise CelerySchedulingError(f"Couldn't compute the slot of scheduled task "
                                         f"{entry.name}: {exc!r}") from exc
-        return super().apply_async(send, producer=producer, advance=False, **kwargs)
+        # A scheduler that reloads its entries can find one due again within the slot it
+        # just sent (django-celery-beat re-reads last_run_at from its table whenever another
+        # beat saved a row): the lease would drop the second run, but a beat sends a slot once.
+        task_id, slot = send.options["task_id"], send.options["headers"][HEADER]
+        sent: dict[str, tuple[str, str]] = self.__dict__.setdefault("_lease_sent", {})
+        if sent.get(entry.name) == (task_id, slot):
+            logger.info("lease_celery.beat: %s: slot %s was sent already by this beat",
+                        entry.name, slot)
+            return self.app.AsyncResult(task_id)
+        result = super().apply_async(send, producer=producer, advance=False, **kwargs)
+        sent[entry.name] = (task_id, slot)  # only once sent: a failed send is sent again
+        return result
 
     def _lease_send(self, entry: Any) -> Any:
         """A shallow copy of ``entry`` (same class, so subclasses' hooks still see their own

@@ -247,7 +247,11 @@ class _Capture(LeasedSchedulerMixin):
 
     sent: list[dict[str, Any]]
 
+    fail = False
+
     def send_task(self, name: str, args: Any, kwargs: Any, **options: Any) -> Any:
+        if getattr(self, "fail", False):
+            raise ConnectionError("the broker is down")
         self.__dict__.setdefault("sent", []).append(
             {"name": name, "args": args, "kwargs": kwargs, **options})
         return None
@@ -276,9 +280,10 @@ def test_a_send_carries_the_slot_id_header_and_arguments() -> None:
         "options": {"headers": {"team": "ops"}, "queue": "reports"}})
     entry = scheduler.schedule["report"]
     scheduler.apply_entry(entry, producer=None)
-    scheduler.apply_entry(entry, producer=None)  # a second beat, or a restart: the same send
+    other = _Capture(app=app, schedule={})  # a second beat, or a restart: the same send
+    other.apply_entry(other.schedule["report"], producer=None)
     slot = at(2024, 5, 1, 12, 5)
-    first, second = scheduler.sent
+    (first,), (second,) = scheduler.sent, other.sent
     assert first == second
     assert first["task_id"] == slot_task_id("report", "app.report", slot)
     assert first["headers"] == {"team": "ops", "lease_slot": slot.isoformat(),
@@ -288,6 +293,34 @@ def test_a_send_carries_the_slot_id_header_and_arguments() -> None:
     assert first["queue"] == "reports"
     assert entry.options == {"headers": {"team": "ops"}, "queue": "reports"}
     assert (entry.args, entry.kwargs) == ((SLOT, 1), {"slot": SLOT, "n": 2})
+
+
+def test_one_beat_sends_each_slot_once_however_often_the_entry_comes_due() -> None:
+    """A scheduler whose entries are reloaded with an older ``last_run_at`` (django-celery-beat
+    re-reads its table when another beat saved a row; CI saw one beat send a slot twice) finds
+    the entry due again within the slot: it sends that slot once. The next slot is sent; a
+    send that failed is sent again."""
+    clock = [NOW]
+    app = make_app()
+    scheduler = _capture(app, report={
+        "task": "app.report", "schedule": crontab(minute="*/5", nowfun=lambda: clock[0])})
+    scheduler.apply_entry(scheduler.schedule["report"], producer=None)
+    scheduler.apply_entry(scheduler.schedule["report"], producer=None)
+    assert [send["task_id"] for send in scheduler.sent] == [
+        slot_task_id("report", "app.report", at(2024, 5, 1, 12, 5))]
+    clock[0] = at(2024, 5, 1, 12, 10, 1)
+    scheduler.apply_entry(scheduler.schedule["report"], producer=None)
+    assert scheduler.sent[-1]["task_id"] == slot_task_id("report", "app.report",
+                                                         at(2024, 5, 1, 12, 10))
+    assert len(scheduler.sent) == 2
+
+    failing = _Capture(app=app, schedule={})
+    failing.fail = True
+    failing.apply_entry(failing.schedule["report"], producer=None)  # logged by Celery's beat
+    failing.fail = False
+    failing.apply_entry(failing.schedule["report"], producer=None)
+    assert [send["task_id"] for send in failing.sent] == [
+        slot_task_id("report", "app.report", at(2024, 5, 1, 12, 10))]
 
 
 def test_request_slot_reads_the_header() -> None:
@@ -301,10 +334,12 @@ def test_request_slot_reads_the_header() -> None:
 
 def test_an_explicit_task_id_is_kept_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     app = make_app()
+    clock = [NOW]
     scheduler = _capture(app, pinned={"task": "app.report", "options": {"task_id": "fixed"},
-                                      "schedule": crontab(nowfun=lambda: NOW)})
+                                      "schedule": crontab(nowfun=lambda: clock[0])})
     with caplog.at_level(logging.WARNING, logger="lease_celery.beat"):
-        for _ in range(2):
+        for minute in (7, 8):  # two slots (one beat sends a slot once)
+            clock[0] = at(2024, 5, 1, 12, minute, 30)
             scheduler.apply_entry(scheduler.schedule["pinned"], producer=None)
     assert [s["task_id"] for s in scheduler.sent] == ["fixed", "fixed"]
     warnings = [r.getMessage() for r in caplog.records
