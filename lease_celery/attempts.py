@@ -37,12 +37,16 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     _lease_settings: ClassVar[LeaseSettings | None] = None
 
+    @classmethod
+    def _resolve_lease_settings(cls, app: Any) -> LeaseSettings:
+        """Read the task's settings from ``app`` and keep them (the only place that does)."""
+        settings = cls._lease_settings = resolve_settings(app, cls)
+        return settings
+
     @property
     def lease_settings(self) -> LeaseSettings:
-        settings = type(self)._lease_settings
-        if settings is None:
-            settings = type(self)._lease_settings = resolve_settings(self.app, type(self))
-        return settings
+        """The task's settings, as resolved when it was bound (or now, if it never was)."""
+        return type(self)._lease_settings or type(self)._resolve_lease_settings(self.app)
 
     def _settle_within(self, settings: LeaseSettings, *, failed: bool = False) -> float | None:
         """How long the owner has to confirm that Celery stored the outcome; None when Celery
@@ -220,12 +224,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         (the lease just lapsed, or an operator released it), dropping it would lose the work:
         the delivery is re-published to run again, then acked.
         """
-        try:
-            record = handle._store.get(handle.key)
-        except StoreError:
-            record = None
-        taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
-        if taken or self.request.is_eager or self.request.called_directly:
+        if handle._taken_over() or self.request.is_eager or self.request.called_directly:
             self._reject_stale(handle, reason)
         handle._mark_lost(reason)
         signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle._lease,

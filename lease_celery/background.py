@@ -74,11 +74,7 @@ def _finish(task: Any, handle: LeaseHandle, encoded: EncodedResult,
         return
     reason = "finish refused: the lease expired or was taken over"
     handle._mark_lost(reason)
-    try:
-        record = handle._store.get(handle.key)
-    except StoreError:
-        record = None
-    taken = record is None or (record.token, record.owner) != (handle.token, handle.owner)
+    taken = handle._taken_over()
     logger.warning("lease %s owner %s token %s: stale outcome rejected: %s%s", handle.key,
                    handle.owner, handle.token, reason,
                    "" if taken else "; nobody took the key over: the sweeper re-publishes it")

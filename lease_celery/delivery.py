@@ -10,41 +10,33 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery.exceptions import Reject
+from celery.utils.dispatch import Signal
 
-from .stores.base import Store
-from .stores.registry import open_store
-
-__all__ = ["body_signature", "republish", "republish_later", "shared_store", "task_info"]
+__all__ = ["body_signature", "republish", "republish_later", "task_info"]
 
 logger = logging.getLogger(__name__)
 
-_stores: dict[str, Store] = {}
-_stores_lock = threading.Lock()
-
-#: Headers a re-published delivery carries besides its own, given the headers of the delivery
-#: it re-publishes (as received, or as recorded on the lease row); must not raise. None adds
-#: nothing. ``lease_celery.otel`` sets it: the new run's span then links to that delivery's.
-republish_headers: Callable[[Mapping[str, Any] | None], Mapping[str, Any]] | None = None
+#: Sent before a delivery is re-published, with ``headers``: those of the delivery it
+#: re-publishes (as received, or as recorded on the lease row). Each receiver answers with
+#: headers the copy carries besides them. ``lease_celery.otel`` connects one: the new run's
+#: span then links to that delivery's. (Celery's ``Signal.send`` logs a receiver's exception:
+#: a re-publish never fails for one.)
+republish_headers = Signal(name="lease_republish_headers")
 
 
 def _republished(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``headers`` option of a re-publish: none (unchanged) without a hook."""
-    hook = republish_headers
-    return {} if hook is None else {"headers": {**(headers or {}), **hook(headers)}}
-
-
-def shared_store(url: str) -> Store:
-    """One store object per URL per process (the store itself reconnects after fork)."""
-    with _stores_lock:
-        store = _stores.get(url)
-        if store is None:
-            store = _stores[url] = open_store(url)
-        return store
+    """The ``headers`` option of a re-publish: none (unchanged) with no receiver."""
+    if not republish_headers.receivers:
+        return {}
+    added: dict[str, Any] = {}
+    for _, answer in republish_headers.send(sender=None, headers=headers):
+        if isinstance(answer, Mapping):
+            added.update(answer)
+    return {"headers": {**(headers or {}), **added}}
 
 
 def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]:

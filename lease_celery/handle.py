@@ -10,7 +10,7 @@ from typing import Any
 
 from . import green
 from .checks import encode_checkpoint
-from .errors import LeaseCancelled, LeaseLost
+from .errors import LeaseCancelled, LeaseLost, StoreError
 from .models import Lease
 from .stores.base import Store
 
@@ -178,6 +178,16 @@ class LeaseHandle:
             if sent_at + self._ttl > self._local_deadline:
                 self._lease = lease
                 self._local_deadline = sent_at + self._ttl
+
+    def _taken_over(self) -> bool:
+        """After a refused outcome: has someone else the key now (another owner's token on the
+        row, or no row)? Then this outcome is stale and dropped. An unanswered read counts as
+        taken: dropping an outcome is safe, writing it twice is not."""
+        try:
+            record = self._store.get(self.key)
+        except StoreError:
+            return True
+        return record is None or (record.token, record.owner) != (self.token, self.owner)
 
     def _mark_lost(self, reason: str) -> bool:
         """Record the loss; return True the first time (so the loss is announced once)."""

@@ -113,7 +113,7 @@ def instrument(*, tracer_provider: TracerProvider | None = None) -> None:
                                        dispatch_uid=f"lease_celery.otel.{name}")
     celery_signals.task_postrun.connect(_forget_run, weak=False,
                                         dispatch_uid="lease_celery.otel.task_postrun")
-    delivery.republish_headers = _link_headers
+    delivery.republish_headers.connect(_link_headers, weak=False, dispatch_uid=_LINK_UID)
 
 
 def uninstrument() -> None:
@@ -121,14 +121,16 @@ def uninstrument() -> None:
     for name in EVENTS:
         getattr(signals, name).disconnect(dispatch_uid=f"lease_celery.otel.{name}")
     celery_signals.task_postrun.disconnect(dispatch_uid="lease_celery.otel.task_postrun")
-    if delivery.republish_headers is _link_headers:
-        delivery.republish_headers = None
+    delivery.republish_headers.disconnect(dispatch_uid=_LINK_UID)
     _state["tracer"] = None
     _clear()
 
 
 def is_instrumented() -> bool:
-    return delivery.republish_headers is _link_headers
+    return any(lookup[0] == _LINK_UID for lookup, _ in delivery.republish_headers.receivers)
+
+
+_LINK_UID = "lease_celery.otel.republish_headers"
 
 
 # -- which span an event goes on ----------------------------------------------------------------
@@ -308,8 +310,9 @@ _RECEIVERS["lease_swept"] = _swept
 # -- the link header ----------------------------------------------------------------------------
 
 
-def _link_headers(recorded: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """``delivery.republish_headers``: the header naming the delivery being re-published.
+def _link_headers(sender: Any = None, headers: Mapping[str, Any] | None = None,
+                  **_: Any) -> Mapping[str, Any]:
+    """On ``delivery.republish_headers``: the header naming the delivery being re-published.
 
     In a run (a deferred duplicate), the run's own span; elsewhere (sweeper, requeue), the
     trace context the re-published delivery's message carried, as the lease row recorded it.
@@ -324,7 +327,7 @@ def _link_headers(recorded: Mapping[str, Any] | None) -> Mapping[str, Any]:
             _propagator.inject(carrier, trace.set_span_in_context(NonRecordingSpan(context)))
             if "traceparent" in carrier:
                 return {LINK_HEADER: carrier["traceparent"]}
-        parent = (recorded or {}).get("traceparent")
+        parent = (headers or {}).get("traceparent")
         if isinstance(parent, str) and _parse(parent) is not None:
             return {LINK_HEADER: parent}
     except Exception:

@@ -25,7 +25,7 @@ from .answers import Answer, answer_key
 from .attempts import AttemptEnding
 from .background import finish_in_background
 from .checks import check_ttl
-from .delivery import body_signature, shared_store, task_info
+from .delivery import body_signature, task_info
 from .errors import (
     ConfigError,
     LeaseCancelled,
@@ -40,9 +40,10 @@ from .heartbeat import Heartbeat
 from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
 from .models import Lease, LeaseRecord, LeaseState
-from .settings import LeaseSettings, resolve_settings
+from .settings import LeaseSettings
 from .settle import confirm_stored, freeze_links
 from .stores.base import Store
+from .stores.registry import shared_store
 from .unique import existing_holder
 from .wiring import install
 
@@ -125,7 +126,7 @@ class LeasedTask(AttemptEnding):
         # Binding happens when the app is finalized: in a worker, before worker_init (Celery
         # lists the tasks' modules first), so the worker's receivers are connected in time.
         install()
-        cls._lease_settings = resolve_settings(app, cls)
+        cls._resolve_lease_settings(app)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     *more: Any, lease_unique: bool | None = None, **options: Any) -> Any:

@@ -18,10 +18,11 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 
 from .apps import is_leased
-from .delivery import republish, shared_store
+from .delivery import republish
 from .errors import LeaseError
 from .keys import resolve_key
 from .models import Lease, LeaseState
+from .stores.registry import shared_store
 
 __all__ = ["end_after_hard_time_limit"]
 

@@ -21,9 +21,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .delivery import shared_store
 from .keys import resolve_key
 from .models import LeaseState
+from .stores.registry import shared_store
 
 __all__ = ["UNIQUE_STATES", "existing_holder"]
 

@@ -21,11 +21,11 @@ from celery.app.trace import build_tracer
 
 from benchmarks.chaos.proxy import DelayingProxy
 from lease_celery import LeasedTask, open_store, signals
-from lease_celery.delivery import shared_store
 from lease_celery.errors import ResultNotSerializable
 from lease_celery.handle import LeaseHandle
 from lease_celery.heartbeat import MAX_SENDERS, Heartbeat
 from lease_celery.models import LeaseState
+from lease_celery.stores.registry import shared_store
 from tests.workers import WorkerPool
 
 

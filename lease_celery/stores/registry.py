@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, LeaseError
 from .base import Clock, Store
 from .urls import redact
 
-__all__ = ["open_store", "register_scheme", "store_class"]
+__all__ = ["open_store", "register_scheme", "shared_store", "store_class"]
 
 
 # scheme -> "module:Class", imported lazily so optional drivers stay optional.
@@ -60,3 +61,16 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     except ValueError as exc:  # urllib and os on a URL that is no URL (a bad IPv6 host, NUL)
         raise ConfigError(f"lease store URL {redact(url)!r} is not usable: {exc}") from exc
 
+
+_shared: dict[str, Store] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_store(url: str) -> Store:
+    """One store object per URL per process, for everything in it that runs tasks (the store
+    itself reconnects after fork)."""
+    with _shared_lock:
+        store = _shared.get(url)
+        if store is None:
+            store = _shared[url] = open_store(url)
+        return store
