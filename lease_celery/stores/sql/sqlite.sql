@@ -3,10 +3,12 @@
 -- clock and the write.
 
 -- name: create_leases
--- Schema version 3 (2 + checkpoint, cancel). settling: the key is done (or dead) and its owner has not yet confirmed
--- that Celery stored the outcome; expires_at is then the settle deadline. sweep_at: when the
--- sweeper should next look at the row (NULL: never; terminal rows, rows without task info),
--- so a sweep reads only what it may act on, through a partial index.
+-- The leases table as of schema 3 (2 + checkpoint, cancel; schemas 4 and 5 add the history
+-- table and its triggers; lease_celery/stores/sql_glue.py lists them all). settling: the key is
+-- done (or dead) and its owner has not yet confirmed that Celery stored the outcome; expires_at
+-- is then the settle deadline. sweep_at: when the sweeper should next look at the row (NULL:
+-- never; terminal rows, rows without task info), so a sweep reads only what it may act on,
+-- through a partial index.
 CREATE TABLE IF NOT EXISTS lease_celery_leases (
     key         TEXT    PRIMARY KEY,
     state       TEXT    NOT NULL CHECK (state IN ('ready', 'running', 'done', 'dead')),
