@@ -11,7 +11,7 @@ import redis
 
 from lease_celery import Store, history, open_store
 from lease_celery.testing import ManualClock
-from tests.servers import (
+from tests.support.servers import (
     PG_DSN,
     REDIS_STORE_URL,
     REDIS_URL,
@@ -19,7 +19,7 @@ from tests.servers import (
     redis_reachable,
     require,
 )
-from tests.workers import Journal, WorkerPool, client_app, worker_pool
+from tests.support.workers import Journal, WorkerPool, client_app, worker_pool
 
 
 @pytest.fixture(scope="session")
@@ -123,6 +123,22 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, redis_client: redis.
         yield pool
         if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
             print(pool.logs())
+
+
+#: The tiers, each a folder of tests/ and a marker of the same name (``pytest -m unit``).
+TIERS = ("unit", "stores", "workers")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, the folder under tests/ it lives in."""
+    root = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

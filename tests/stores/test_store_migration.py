@@ -1,0 +1,112 @@
+"""Opening a store written by schema 1 (before the settle phase) migrates it in place: rows
+keep their tokens and results, done rows count as settled, and rows the sweeper must watch are
+found by the new index."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from lease_celery import LeaseState, open_store
+from lease_celery.testing import ManualClock
+from tests.support.servers import PG_DSN, postgres_reachable, require
+
+TASK = '{"task": "proj.t", "args": [], "kwargs": {}, "options": {"task_id": "t-1"}}'
+
+SQLITE_SCHEMA_1 = """
+CREATE TABLE lease_celery_leases (
+    key TEXT PRIMARY KEY, state TEXT NOT NULL, owner TEXT, token INTEGER NOT NULL,
+    expires_at REAL, attempts INTEGER NOT NULL DEFAULT 0, takeovers INTEGER NOT NULL DEFAULT 0,
+    not_before REAL, reason TEXT, task TEXT, swept_token INTEGER, result TEXT,
+    updated_at REAL NOT NULL, fence INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE lease_celery_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+INSERT INTO lease_celery_meta VALUES ('schema_version', '1');
+"""
+
+PG_SCHEMA_1 = """
+CREATE TABLE {s}.lease_celery_leases (
+    key text PRIMARY KEY, state text NOT NULL, owner text, token bigint NOT NULL,
+    expires_at double precision, attempts integer NOT NULL DEFAULT 0,
+    takeovers integer NOT NULL DEFAULT 0, not_before double precision, reason text, task text,
+    swept_token bigint, nonce text, result text, updated_at double precision NOT NULL,
+    fence bigint NOT NULL DEFAULT 0);
+CREATE TABLE {s}.lease_celery_meta (name text PRIMARY KEY, value text NOT NULL);
+INSERT INTO {s}.lease_celery_meta VALUES ('schema_version', '1');
+"""
+
+ROWS = [  # key, state, owner, token, expires_at, result, updated_at
+    ("done", "done", "w", 3, 100.0, '{"n": 1}', 100.0),
+    ("running", "running", "w", 2, 110.0, None, 100.0),
+    ("ready", "ready", "w", 1, 100.0, None, 100.0),
+]
+
+
+def check_migrated(url: str) -> None:
+    clock = ManualClock(200.0)
+    with open_store(url, clock=clock) as store:
+        done = store.get("done")
+        assert done is not None
+        assert (done.state, done.token, done.result, done.settling) == (
+            LeaseState.DONE, 3, {"n": 1}, False)
+        # The expired running row and the long-unclaimed ready row are both due.
+        assert sorted((r.key, r.token) for r in store.sweep_expired(grace=60)) == [
+            ("ready", 1), ("running", 2)]
+        lease = store.claim("running", owner="w2", ttl=10)
+        assert lease is not None and lease.token == 3
+        assert store.finish(lease, "ok", settle_within=5)
+        assert store.get("running").settling is True  # type: ignore[union-attr]
+        # Schema 5: the migrated store writes the transitions into the history itself.
+        assert [(e.event, e.token, e.detail) for e in store.history("running")] == [
+            ("taken_over", 3, "the lease of w (token 2) had lapsed"), ("finished", 3, None)]
+
+
+def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
+    path = f"{tmp_path}/old.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(SQLITE_SCHEMA_1)
+    conn.executemany("INSERT INTO lease_celery_leases (key, state, owner, token, expires_at, "
+                     "result, updated_at, task) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     [(*row, TASK) for row in ROWS])
+    conn.commit()
+    conn.close()
+    check_migrated(f"sqlite:///{path}")
+    with sqlite3.connect(path) as again:
+        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("5",)
+
+
+@pytest.fixture
+def old_postgres() -> Iterator[str]:
+    reachable, detail = postgres_reachable()
+    require("PostgreSQL", reachable, detail)
+    import psycopg
+
+    schema = f"lease_old_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        for statement in PG_SCHEMA_1.format(s=f'"{schema}"').split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f'CREATE SEQUENCE "{schema}".lease_celery_fence')
+        for row in ROWS:
+            conn.execute(f'INSERT INTO "{schema}".lease_celery_leases (key, state, owner, '
+                         "token, expires_at, result, updated_at, task) VALUES "
+                         "(%s, %s, %s, %s, %s, %s, %s, %s)", (*row, TASK))
+    yield f"{PG_DSN}?schema={schema}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_postgres_schema_1_is_migrated(old_postgres: str) -> None:
+    import psycopg
+
+    check_migrated(old_postgres)
+    schema = old_postgres.split("schema=")[1]
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        row = conn.execute(f'SELECT value FROM "{schema}".lease_celery_meta').fetchone()
+        indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
+                               (schema,)).fetchall()
+    assert row == ("5",)
+    assert ("lease_celery_leases_sweep",) in indexes

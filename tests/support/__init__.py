@@ -1,0 +1,1 @@
+"""Helpers and Celery apps the tiers share (servers, worker pools, proxies, test apps)."""

@@ -1,0 +1,127 @@
+"""Start and stop real ``celery worker`` processes running tests/support/worker_app.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Journal:
+    """The Redis list the worker app writes events to (see worker_app.record)."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client, self.key = client, key
+
+    def events(self, name: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        entries = [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
+        return [e for e in entries if (name is None or e["event"] == name)
+                and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_for(self, predicate: Callable[[Journal], bool], *, timeout: float,
+                 what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; journal:\n"
+                                     + "\n".join(map(str, self.events())))
+            time.sleep(0.05)
+
+
+class Worker:
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.name, self.process, self.log = name, process, log
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: the parent and every pool process, with no cleanup."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class WorkerPool:
+    """Starts workers that share one broker queue, lease store and journal."""
+
+    def __init__(self, *, tmp: Path, env: dict[str, str], journal: Journal) -> None:
+        self.tmp, self.env, self.journal = tmp, env, journal
+        self.workers: list[Worker] = []
+        self.client: Any = None  # set by the fixture: a Celery app publishing to this queue
+        self.store_url = ""
+
+    def start(self, name: str, *, concurrency: int = 2, ready_timeout: float = 30.0,
+              extra_env: dict[str, str] | None = None, app: str = "tests.support.worker_app",
+              pool: str = "prefork") -> Worker:
+        """``celery -A app worker -P pool`` on this pool's queue; returns once it is ready."""
+        log = self.tmp / f"worker-{name}.log"
+        env = {**os.environ, **self.env, **(extra_env or {}),
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        # -O fair is the prefork pool's scheduling: the other pools have no use for it.
+        fair = ["-O", "fair"] if pool == "prefork" else []
+        cmd = [sys.executable, "-m", "celery", "-A", app, "worker",
+               "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", *fair,
+               "--without-gossip", "--without-mingle", "--without-heartbeat",
+               "-l", "info", "-Q", self.env["LEASE_TEST_QUEUE"]]
+        with log.open("wb") as out:
+            process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        worker = Worker(name, process, log)
+        self.workers.append(worker)
+        try:
+            self.journal.wait_for(
+                lambda j: bool(j.events("worker_ready", hostname=f"{name}@{os.uname().nodename}"))
+                or process.poll() is not None,
+                timeout=ready_timeout, what=f"worker {name} to be ready")
+        except AssertionError:
+            raise AssertionError(f"worker {name} did not start:\n{worker.output()}") from None
+        if process.poll() is not None:
+            raise AssertionError(f"worker {name} exited with {process.returncode}:\n"
+                                 f"{worker.output()}")
+        return worker
+
+    def stop_all(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {w.name} -----\n{w.output()}" for w in self.workers)
+
+
+@contextmanager
+def worker_pool(tmp: Path, env: dict[str, str], journal: Journal) -> Iterator[WorkerPool]:
+    pool = WorkerPool(tmp=tmp, env=env, journal=journal)
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+def client_app(broker_url: str, queue: str) -> Any:
+    """A Celery app for the test process: publishes to the workers' queue, reads results."""
+    from celery import Celery
+
+    app = Celery("lease-tests-client", broker=broker_url, backend=broker_url)
+    app.conf.task_default_queue = queue
+    return app

@@ -1,0 +1,1 @@
+"""Unit tier: pure logic, no server process and no database server (SQLite in tmp is fine)."""

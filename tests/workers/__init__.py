@@ -1,0 +1,1 @@
+"""Worker tier: real celery worker and beat processes, the browser, the demo, benchmarks."""

@@ -1,0 +1,178 @@
+"""The benchmarks stay runnable: a very short run of each prints a row per store.
+
+Speed goals are not asserted here (machines are noisy); this only keeps the scripts from
+rotting when the stores' statements change.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import postgres_reachable, redis_reachable, require
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_store_cycle_benchmark_runs_on_every_store() -> None:
+    """``benchmarks/store_cycle.py`` with tiny bursts prints, per store, cycles/s through the
+    library, on the raw driver and for the minimal pair, and the two ratios."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    run = subprocess.run([sys.executable, "benchmarks/store_cycle.py", "--seconds", "0.05",
+                          "--rounds", "2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^store\s+library cycles/s\s+raw cycles/s\s+minimal cycles/s\s+lib/raw"
+                     r"\s+lib/minimal$", run.stdout, re.MULTILINE), run.stdout
+    rows = {m.group(1): [float(g.replace(",", "")) for g in m.groups()[1:]] for m in re.finditer(
+        r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)$",
+        run.stdout, re.MULTILINE)}
+    assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
+    assert all(value > 0 for values in rows.values() for value in values), run.stdout
+
+
+def test_heartbeat_cost_benchmark_prints_a_row_per_store_and_loses_nothing() -> None:
+    """``benchmarks/heartbeat_cost.py``, tiny (10 leases, short interval): a row per store and
+    start pattern with round trips and leases renewed per interval, and 0 leases lost."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    run = subprocess.run([sys.executable, "benchmarks/heartbeat_cost.py", "--leases", "10",
+                          "--intervals", "1", "--interval", "0.5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {(m.group(1), m.group(2)): (float(m.group(3)), float(m.group(4)), int(m.group(5)))
+            for m in re.finditer(r"^(sqlite|postgres|redis)\s+10\s+(aligned|staggered)\s+"
+                                 r"[\d.]+\s+\d+\s+([\d.]+)\s+([\d.,]+)\s+\d+\s+(\d+)$",
+                                 run.stdout, re.MULTILINE)}
+    assert set(rows) == {(store, starts) for store in ("sqlite", "postgres", "redis")
+                         for starts in ("aligned", "staggered")}, run.stdout
+    assert all(trips > 0 and renewed > 0 for trips, renewed, _ in rows.values()), run.stdout
+    assert all(lost == 0 for *_, lost in rows.values()), run.stdout
+
+    found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
+    assert found, run.stdout
+    import psycopg
+    import redis
+
+    from benchmarks import heartbeat_cost
+
+    client = redis.Redis(host=heartbeat_cost.REDIS_HOST, port=heartbeat_cost.REDIS_PORT,
+                         db=heartbeat_cost.REDIS_DB)
+    try:
+        assert not list(client.scan_iter(f"bench_hb_{found.group(1)}:*")), "redis keys left"
+    finally:
+        client.close()
+    with psycopg.connect(heartbeat_cost.PG_DSN) as conn:
+        left = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (f"bench_hb_{found.group(1)}",)).fetchone()
+    assert left is None, "schema left behind"
+
+
+@pytest.mark.worker
+def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
+    """``benchmarks/worker_throughput.py``, tiny: real prefork workers for plain, SQLite, Redis,
+    PostgreSQL and SQLite without history print a rate and a ratio each (the run's own
+    check that the no-history store wrote no history passed), and the run leaves no key or
+    schema behind."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    # --deadline below the subprocess timeout: the harness stops and cleans up by itself
+    # first (and its workers die with it even if it is killed).
+    run = subprocess.run([sys.executable, "benchmarks/worker_throughput.py",
+                          "--variants", "plain,sqlite,redis,postgres,sqlite-nohistory",
+                          "--body", "noop",
+                          "--tasks", "50", "--rounds", "1", "--deadline", "100"],
+                         cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3)))
+            for m in re.finditer(r"^(plain|sqlite(?:-nohistory)?|redis|postgres)\s+noop\s+50"
+                                 r"\s+([\d,]+)\s+([\d.]+)\s", run.stdout, re.MULTILINE)}
+    assert set(rows) == {"plain", "sqlite", "redis", "postgres", "sqlite-nohistory"}, \
+        run.stdout
+    assert all(rate > 0 and ratio > 0 for rate, ratio in rows.values()), run.stdout
+
+    found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
+    assert found, run.stdout
+    prefix = f"bench_{found.group(1)}"
+    import psycopg
+    import redis
+
+    from benchmarks import worker_throughput
+
+    for db in (worker_throughput.BROKER_DB, worker_throughput.STORE_DB):
+        client = redis.Redis(host=worker_throughput.REDIS_HOST,
+                             port=worker_throughput.REDIS_PORT, db=db)
+        assert not list(client.scan_iter(f"{prefix}:*")), f"keys left in db {db}"
+        assert not list(client.scan_iter(f"qo_*{found.group(1)}*"))
+    with psycopg.connect(worker_throughput.PG_DSN) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (f"{prefix}%",)).fetchall()
+    assert not left, f"schemas left behind: {left}"
+
+
+def test_scale_benchmark_runs_tiny_on_every_store_and_cleans_up() -> None:
+    """``benchmarks/scale.py --big 2000``: a table per store with a ratio column, exit 0, and
+    no schema, key or file of the run left behind."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    # Short windows and few cycles keep the three stores under a minute; --deadline below
+    # the subprocess timeout lets the script stop and clean up by itself first.
+    run = subprocess.run([sys.executable, "benchmarks/scale.py", "--big", "2000",
+                          "--window", "0.3", "--cycles", "50", "--gets", "100",
+                          "--deadline", "50"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for store in ("sqlite", "postgres", "redis"):
+        assert re.search(rf"^== {store} \(1,000 vs 2,000 done rows; run \w+;", run.stdout,
+                         re.MULTILINE), run.stdout
+    ratios = re.findall(r"^claim\+finish p50 ms\s+[\d.,]+\s+[\d.,]+\s+([\d.]+)x",
+                        run.stdout, re.MULTILINE)
+    assert len(ratios) == 3 and all(float(r) > 0 for r in ratios), run.stdout
+    assert run.stdout.count("lease_celery_leases_sweep: yes") == 2, run.stdout  # both SQLs
+
+    found = re.search(r"run (\w+);", run.stdout)
+    assert found, run.stdout
+    import tempfile
+
+    import psycopg
+    import redis
+
+    from benchmarks import scale
+
+    client = redis.Redis(host=scale.REDIS_HOST, port=scale.REDIS_PORT, db=scale.REDIS_DB)
+    try:
+        assert not list(client.scan_iter(f"scale_{found.group(1)}_*")), "redis keys left"
+    finally:
+        client.close()
+    with psycopg.connect(scale.PG_DSN) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (f"scale_{found.group(1)}_%",)).fetchall()
+    assert not left, f"schemas left behind: {left}"
+    leftover = list(Path(tempfile.gettempdir()).glob(f"lease_scale_{found.group(1)}_*"))
+    assert not leftover, f"files left behind: {leftover}"
+
+
+def test_history_cost_benchmark_prints_a_row_per_store() -> None:
+    """``benchmarks/history_cost.py``, tiny: per store, µs per claim + finish with and without
+    the history writes, the difference, its share, and the history's bytes per task."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    run = subprocess.run([sys.executable, "benchmarks/history_cost.py", "--cycles", "20",
+                          "--rounds", "2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3).replace(",", "")))
+            for m in re.finditer(r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+-?[\d,]+"
+                                 r"\s+-?\d+%\s+-?[\d,]+$", run.stdout, re.MULTILINE)}
+    assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
+    assert all(with_it > 0 and without > 0 for with_it, without in rows.values()), run.stdout

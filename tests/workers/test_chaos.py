@@ -1,0 +1,298 @@
+"""The chaos harness (benchmarks/chaos): its checker can fail, and a short run passes.
+
+The checker tests feed a doctored history (built here, no servers, milliseconds): a clean
+history passes, and each check fails on the one defect it exists to catch, so a green chaos run
+means something. The run tests start the real harness (``python -m benchmarks.chaos``, 200
+tasks, every fault that applies to the store) once per store and assert that it passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.chaos.checker import CHECKS, check, deaths
+from benchmarks.chaos.config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK
+from benchmarks.chaos.history import BackendEntry, BrokerMessage, History, Published, Row
+from tests.support.servers import postgres_reachable, redis_reachable, require
+
+REPO = Path(__file__).resolve().parents[2]
+
+# -- a doctored history ------------------------------------------------------------------------
+# j1: original A (re-sent with the same id) and alias B; its first worker (group 10: pids 10, 11,
+#     12) is killed, pid 21 takes over and finishes with token 2; B stays PENDING.
+# j2: original C, finished by pid 12, which writes its result and is killed before its ack; the
+#     redelivery on pid 21 writes the result again: allowed, the first writer was dead.
+# j3: original D, dead: its effect needs reconciliation (the receiver got it once).
+
+A, B, C, D = "id-a", "id-b", "id-c", "id-d"
+
+
+def _event(event: str, t: float, pid: int, **fields: Any) -> dict[str, Any]:
+    return {"event": event, "t": t, "pid": pid, **fields}
+
+
+def clean_history() -> History:
+    events = [
+        _event("process_init", 0.1, 11, ppid=10), _event("process_init", 0.1, 12, ppid=10),
+        _event("process_init", 0.1, 21, ppid=20),
+        _event("body_start", 1.0, 11, task=JOB_TASK, task_id=A, key="job:j1", token=1),
+        _event("body_start", 1.0, 12, task=JOB_TASK, task_id=C, key="job:j2", token=1),
+        _event("lease_finished", 1.5, 12, task=JOB_TASK, task_id=C, key="job:j2", token=1),
+        _event("result_write", 1.6, 12, task=JOB_TASK, task_id=C, state="SUCCESS", token=1),
+        _event("fault", 2.0, 1, kind="kill", main_pid=10, pids=[10, 11]),  # 12 via process_init
+        _event("lease_taken_over", 5.0, 21, task=JOB_TASK, task_id=A, key="job:j1", token=2),
+        _event("body_start", 5.0, 21, task=JOB_TASK, task_id=A, key="job:j1", token=2),
+        _event("lease_finished", 5.5, 21, task=JOB_TASK, task_id=A, key="job:j1", token=2),
+        _event("result_write", 5.6, 21, task=JOB_TASK, task_id=A, state="SUCCESS", token=2),
+        _event("result_write", 6.0, 21, task=JOB_TASK, task_id=C, state="SUCCESS", token=1),
+        _event("callback_body", 6.1, 21, task=CALLBACK_TASK, task_id="cb-a", parent_id=A,
+               root_id=A, key="cb-a", token=1),
+        _event("lease_finished", 6.2, 21, task=CALLBACK_TASK, task_id="cb-a", parent_id=A,
+               root_id=A, key="cb-a", token=1),
+        _event("result_write", 6.3, 21, task=CALLBACK_TASK, task_id="cb-a", state="SUCCESS",
+               token=1),
+        # cb-c deferred itself once: its redelivery has itself as parent, the job as root.
+        _event("lease_finished", 6.4, 21, task=CALLBACK_TASK, task_id="cb-c", parent_id="cb-c",
+               root_id=C, key="cb-c", token=1),
+        _event("result_write", 6.5, 21, task=CALLBACK_TASK, task_id="cb-c", state="SUCCESS",
+               token=1),
+        _event("result_write", 7.0, 21, task=JOB_TASK, task_id=D, state="FAILURE"),
+    ]
+    return History(
+        store="doctored", ttl=2.0,
+        published=[Published(A, "j1", "job:j1", "original"), Published(A, "j1", "job:j1", "resend"),
+                   Published(B, "j1", "job:j1", "alias"), Published(C, "j2", "job:j2", "original"),
+                   Published(D, "j3", "job:j3", "original")],
+        rows={"job:j1": Row("job:j1", "done", 2, "w:21:x", None, 2, 1),
+              "job:j2": Row("job:j2", "done", 1, "w:12:x", None, 1, 0),
+              "job:j3": Row("job:j3", "dead", 1, "w:21:x", "effect needs reconciliation", 1, 0),
+              "cb-a": Row("cb-a", "done", 1), "cb-c": Row("cb-c", "done", 1)},
+        receipts={"send:j1": "done", "send:j2": "done", "send:j3": "needs_reconciliation"},
+        backend={A: BackendEntry("SUCCESS", {"token": 2}), B: BackendEntry("PENDING"),
+                 C: BackendEntry("SUCCESS", {"token": 1}), D: BackendEntry("FAILURE", "boom"),
+                 "cb-a": BackendEntry("SUCCESS", {"token": 1}),
+                 "cb-c": BackendEntry("SUCCESS", {"token": 1})},
+        events=events,
+        received=[{"idempotency_key": "send:j1", "token": 2, "pid": 21},
+                  {"idempotency_key": "send:j2", "token": 1, "pid": 12},
+                  {"idempotency_key": "send:j3", "token": 1, "pid": 21}],
+        broker=[])
+
+
+def test_a_clean_history_passes_every_check() -> None:
+    """The baseline the defects below are made from: no violation, honest outcomes counted."""
+    report = check(clean_history())
+    assert report.passed, report.violations
+    assert report.counts["done"] == 2
+    assert report.counts["dead"] == "1 (0 by policy, 1 needs_reconciliation)"
+    assert report.counts["takeovers"] == 1
+
+
+def test_a_history_survives_its_json_form() -> None:
+    """``history.json`` re-checks to the same verdict (``python -m benchmarks.chaos.checker``)."""
+    history = clean_history()
+    history.rows["job:j2"] = Row("job:j2", "ready", 1)
+    again = History.from_json(history.to_json())
+    assert check(again).violations == check(history).violations
+
+
+def _finish(h: History, key: str, token: int, pid: int, t: float, task: str = JOB_TASK,
+            **fields: Any) -> None:
+    h.events.append(_event("lease_finished", t, pid, task=task, key=key, token=token, **fields))
+
+
+def _row(state: str, token: int = 1) -> Callable[[History], None]:
+    return lambda h: h.rows.update({"job:j2": Row("job:j2", state, token)})
+
+
+def _backend(task_id: str, state: str, result: Any = None) -> Callable[[History], None]:
+    return lambda h: h.backend.update({task_id: BackendEntry(state, result)})
+
+
+def _callback_row_running(h: History) -> None:
+    h.rows["cb-a"] = Row("cb-a", "running", 1)
+
+
+def _received_then_gone(h: History) -> None:
+    h.published.append(Published("id-e", "j4", "job:j4", "original"))
+    h.events.append(_event("task_received", 8.0, 20, task=JOB_TASK, task_id="id-e"))
+
+
+def _only_queued(h: History) -> None:
+    h.published.append(Published("id-e", "j4", "job:j4", "original"))
+    h.broker.append(BrokerMessage("id-e", JOB_TASK, None, None, "queue"))
+
+
+def _finish_on_dead_row(h: History) -> None:
+    _finish(h, "job:j3", 1, 21, 7.0)
+
+
+def _second_finish(h: History) -> None:
+    _finish(h, "job:j1", 1, 11, 1.5)
+
+
+def _effect_twice(h: History) -> None:
+    h.received.append({"idempotency_key": "send:j1", "token": 2, "pid": 21})
+
+
+def _effect_missing(h: History) -> None:
+    h.received = [r for r in h.received if r["idempotency_key"] != "send:j2"]
+
+
+def _callback_id_twice(h: History) -> None:
+    _finish(h, "cb-a", 2, 21, 8.0, CALLBACK_TASK, parent_id=A, root_id=A)
+
+
+def _callback_under_two_ids(h: History) -> None:
+    _finish(h, "cb-a2", 1, 21, 8.0, CALLBACK_TASK, parent_id=A, root_id=A)
+
+
+def _callback_never_ran(h: History) -> None:
+    # A worker received it (so the broker delivered it), and it never ran to a row.
+    h.events = [e for e in h.events if e.get("root_id") != C]
+    h.events.append(_event("task_received", 6.3, 20, task=CALLBACK_TASK, task_id="cb-c",
+                           parent_id=C, root_id=C))
+    del h.rows["cb-c"]
+
+
+def _live_process_writes_twice(h: History) -> None:
+    h.events.append(_event("result_write", 9.0, 21, task=JOB_TASK, task_id=A,
+                           state="SUCCESS", token=2))
+
+
+def _plain_callback_twice(h: History) -> None:
+    for t in (6.6, 9.0):  # at-least-once by contract: counted, never failed
+        h.events.append(_event("plain_callback", t, 21, task=PLAIN_CALLBACK_TASK,
+                               task_id="plain-a", root_id=A))
+        h.events.append(_event("result_write", t, 21, task=PLAIN_CALLBACK_TASK,
+                               task_id="plain-a", state="SUCCESS"))
+
+
+def test_a_plain_callback_may_run_twice() -> None:
+    """Its double run and double result write are counted, not failed (no lease: Celery's
+    at-least-once)."""
+    history = clean_history()
+    _plain_callback_twice(history)
+    report = check(history)
+    assert report.passed, report.violations
+    assert report.counts["plain callback runs"] == "2 (1 extra: at-least-once)"
+
+
+def _stopped_writer_then_redelivery(h: History) -> None:
+    # pid 22 is stopped (alive, not dead), writes a FAILURE; pid 21 later writes SUCCESS.
+    h.events.append(_event("process_init", 0.1, 22, ppid=20))
+    h.events.append(_event("fault", 3.0, 1, kind="stop", target=22))
+    h.events.append(_event("result_write", 3.5, 22, task=JOB_TASK, task_id=A, state="FAILURE"))
+    h.events.sort(key=lambda e: e["t"])
+
+
+#: One defect per check, at least: (the check that must fail, how to doctor the history).
+DEFECTS: dict[str, tuple[str, Callable[[History], None]]] = {
+    "a job row left running": ("lost", _row("running")),
+    "a job row left ready": ("lost", _row("ready")),
+    "a callback row left running": ("lost", _callback_row_running),
+    "no row, its message only queued": ("lost", _only_queued),
+    "received by a worker, then no row and no message": ("lost", _received_then_gone),
+    "two accepted finishes of one key": ("double_accepted", _second_finish),
+    "an accepted token the row does not end with": ("stale_accepted", _row("done", 2)),
+    "an accepted finish on a dead row": ("stale_accepted", _finish_on_dead_row),
+    "the receiver got one key twice": ("duplicate_effect", _effect_twice),
+    "a done job the receiver never heard of": ("missing_effect", _effect_missing),
+    "one callback id accepted twice": ("callback_double_run", _callback_id_twice),
+    "two callback ids for one parent": ("callback_double_run", _callback_under_two_ids),
+    "SUCCESS, and its callback never ran": ("callback_lost", _callback_never_ran),
+    "one live process wrote twice": ("double_result_write", _live_process_writes_twice),
+    "a stopped writer, then a redelivery": ("double_result_write",
+                                            _stopped_writer_then_redelivery),
+    "FAILURE for a done row": ("backend_mismatch", _backend(C, "FAILURE", "x")),
+    "a done row, SUCCESS nowhere": ("backend_mismatch", _backend(C, "PENDING")),
+    "SUCCESS of another token": ("backend_mismatch", _backend(A, "SUCCESS", {"token": 1})),
+    "SUCCESS for a dead row": ("backend_mismatch", _backend(D, "SUCCESS", {"token": 1})),
+    "a dead row nobody was told about": ("backend_mismatch", _backend(D, "PENDING")),
+}
+
+
+@pytest.mark.parametrize("defect", DEFECTS)
+def test_each_check_fails_on_its_defect(defect: str) -> None:
+    """Every check can fail: the doctored history is caught by the check made for it."""
+    name, doctor = DEFECTS[defect]
+    history = copy.deepcopy(clean_history())
+    doctor(history)
+    report = check(history)
+    assert name in report.failed_checks(), (defect, report.violations)
+
+
+def test_every_check_has_a_defect_that_fails_it() -> None:
+    assert {name for name, _ in DEFECTS.values()} == set(CHECKS)
+
+
+def test_a_key_only_the_broker_holds_is_reported_not_failed() -> None:
+    """Never claimed (no row) and held in a dead worker's unacked messages: the broker's
+    promise (its visibility timeout), not the lease store's; counted as held by the broker."""
+    history = clean_history()
+    history.published.append(Published("id-e", "j4", "job:j4", "original"))
+    history.broker.append(BrokerMessage("id-e", JOB_TASK, None, None, "unacked"))
+    report = check(history)
+    assert report.passed, report.violations
+    assert report.counts["held by broker (dead worker's unacked)"] == 1
+
+
+def test_a_key_no_worker_ever_received_is_reported_not_failed() -> None:
+    """No row, no message anywhere and no ``task_received`` for any of its ids: the broker
+    transport lost it before Celery saw it (not the lease store's promise)."""
+    history = clean_history()
+    history.published.append(Published("id-e", "j4", "job:j4", "original"))
+    report = check(history)
+    assert report.passed, report.violations
+    assert report.counts["lost by broker (never received)"] == 1
+
+
+def test_a_process_is_dead_from_its_kill_on_not_before() -> None:
+    """Group kills take the pool children with them; a sweep kill names its group."""
+    history = clean_history()
+    history.events.append(_event("process_init", 3.0, 31, ppid=30))
+    history.events.append(_event("fault", 4.0, 30, kind="sweep_kill", group=30))
+    died = deaths(history)
+    assert died[10] == died[11] == died[12] == 2.0
+    assert died[30] == died[31] == 4.0
+    assert 21 not in died
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+#: A short run per store; the harness itself bounds every phase, this is the backstop.
+RUN_TIMEOUT = 240
+
+
+@pytest.mark.worker
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+@pytest.mark.parametrize("store", ["sqlite", "postgres", "redis"])
+def test_a_short_chaos_run_passes(store: str) -> None:
+    """200 tasks, duplicates, every fault that applies to the store: the checker passes."""
+    reachable, detail = redis_reachable()
+    require("Redis", reachable, detail)
+    if store == "postgres":
+        reachable, detail = postgres_reachable()
+        require("PostgreSQL", reachable, detail)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--tasks", "200",
+         "--faults", "all", "--settle", "60"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        output, _ = process.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the harness then stops its workers and deletes its keys and schema.
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(f"the chaos run on {store} took more than {RUN_TIMEOUT}s:\n{output}")
+    assert process.returncode == 0, f"the chaos run on {store} failed:\n{output}"
