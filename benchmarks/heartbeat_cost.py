@@ -22,7 +22,7 @@ handle says lost at the end (a refused renewal or a missed local deadline): it m
 
 The goal (issue 10) is at most 2 round trips per interval per store per process with 1,000
 staggered leases. Nothing is asserted: the figures are printed. PostgreSQL (a schema of the
-run's own, dropped after) and Redis (database 8, a key prefix of the run's own, deleted after)
+run's own, dropped after) and Redis (database 14, a key prefix of the run's own, deleted after)
 on 127.0.0.1; SQLite in a temporary file with the store's defaults (``synchronous=full``).
 """
 
@@ -46,7 +46,7 @@ from lease_celery.heartbeat import Heartbeat
 from lease_celery.identity import process_owner
 
 PG_DSN = "postgresql://127.0.0.1:5432/test"
-REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 8
+REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 14
 STORES = ("sqlite", "postgres", "redis")
 STARTS = ("aligned", "staggered")
 #: ttl in heartbeat intervals: the library's default interval is ttl / 3.

@@ -5,7 +5,7 @@
 
 For each store, two isolated stores are filled with N settled ``done`` rows (N = ``--small``
 and ``--big``): SQLite in a temporary directory (``lease_scale_<run>_*``), PostgreSQL in
-schemas of the run's own (``scale_<run>_<size>``, dropped after), Redis database 12 under
+schemas of the run's own (``scale_<run>_<size>``, dropped after), Redis database 14 under
 prefixes of the run's own (``scale_<run>_<size>:``, deleted after). The fill writes the rows
 directly (bulk SQL, a Redis pipeline) exactly as a LeasedTask's ``claim`` + ``finish`` would
 have left a finished and settled key, after the library itself created the schema. Then a
@@ -72,7 +72,7 @@ from lease_celery.stores.queries import load_queries
 
 # Loopback only: the test servers of this machine.
 PG_DSN = "postgresql://127.0.0.1:5432/test"
-REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 12
+REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 14
 STORES = ("sqlite", "postgres", "redis")
 
 DAY = 86400.0

@@ -6,7 +6,7 @@
 One ``celery worker -P prefork -c 2`` per variant (tasks in
 ``benchmarks/worker_throughput_app.py``), Redis broker on database 9 with every key under a
 prefix of the run, ``task_acks_late``, prefetch multiplier 4, ``ignore_result``. Stores: SQLite
-in a temporary file, PostgreSQL in a schema of the run's own (dropped after), Redis database 10
+in a temporary file, PostgreSQL in a schema of the run's own (dropped after), Redis database 14
 under the run's prefix (deleted after). celery-once and celery-singleton lock on the broker's
 Redis (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
 
@@ -53,7 +53,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 # Loopback only: the test servers of this machine.
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-BROKER_DB, STORE_DB = 9, 10
+BROKER_DB, STORE_DB = 9, 14
 PG_DSN = "postgresql://127.0.0.1:5432/test"
 
 #: The variants a run measures by default.

@@ -10,12 +10,20 @@ import pytest
 REDIS_HOST = os.environ.get("LEASE_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("LEASE_TEST_REDIS_PORT", "6379"))
 #: The Redis databases a run's pytest-xdist workers own (gw0 the first), one each: a run
-#: flushes its own before and after, so parallel workers must not share one. The others in
-#: use: 7 (beat tests, queues of their own), 9 and 14-15 (benchmarks), 12 (the demo), 13
-#: (store tests, a key prefix per test).
-WORKER_DBS = (11, 10, 8, 6, 5, 4, 3, 2)
+#: flushes its own before and after, so parallel workers (and two runs on one Redis) must not
+#: share one, and nothing else may use them. LEASE_TEST_REDIS_DBS="5,4,3,2" replaces the list
+#: (a second run on the same Redis gives its own). The others in use, none of them flushed
+#: but 12, each key there a run's or a test's own: 7 (beat and beat integration tests), 9 and
+#: 14 (benchmarks' broker and stores, the chaos harness's stores), 12 (the demo, flushed by
+#: tests/workers/test_demo.py), 13 (store tests, a key prefix per test), 15 (the chaos
+#: harness's broker, tests/workers/test_otel.py's workers).
+WORKER_DBS = tuple(int(db) for db in os.environ.get("LEASE_TEST_REDIS_DBS", "").split(",")
+                   if db.strip()) or (11, 10, 8, 6, 5, 4, 3, 2)
 #: This process's xdist worker number (0 without xdist).
 WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+if len(WORKER_DBS) <= WORKER_INDEX:
+    raise RuntimeError(f"pytest-xdist worker gw{WORKER_INDEX} has no Redis database of its own: "
+                       f"run at most -n {len(WORKER_DBS)}, or list more in LEASE_TEST_REDIS_DBS")
 #: The Redis database this test process owns; it is flushed before and after the run.
 REDIS_DB = int(os.environ.get("LEASE_TEST_REDIS_DB", str(WORKER_DBS[WORKER_INDEX])))
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"

@@ -8,7 +8,8 @@ the doctor check.
 
 Process tests: real ``celery beat -S lease_celery.beat:LeasedScheduler`` processes (2, then 3,
 started 0.7 s apart, each with its own schedule file) and one real ``celery worker`` (prefork)
-on a Redis broker (database LEASE_TEST_BEAT_REDIS_DB, 7 by default: no other test uses it)
+on a Redis broker (database LEASE_TEST_BEAT_REDIS_DB, 7 by default: no test flushes it, and
+every key there, this module's and test_beat_integrations.py's, is a run's own, deleted after)
 and a SQLite lease store, with a 1 s interval entry; then the same with Celery's own
 ``PersistentScheduler``, which runs every tick once per beat.
 """

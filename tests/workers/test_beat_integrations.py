@@ -2,7 +2,9 @@
 
 Process tests: two real ``celery beat`` processes (started 0.7 s apart) and one real
 ``celery worker`` (prefork) on a Redis broker (database LEASE_TEST_BEAT_INTEGRATIONS_REDIS_DB,
-5 by default: no other test uses it) and a SQLite lease store, a 1 s interval entry, the app of
+7 by default, test_beat.py's: no test flushes it, every key is a run's own and deleted after;
+5 was one of the databases tests/support/servers.py gives pytest-xdist workers, which a run
+flushes) and a SQLite lease store, a 1 s interval entry, the app of
 tests/support/beat_app.py (tests/support/beat_integrations_app.py configures it for each scheduler):
 
 * redbeat, ``lease_celery.beat:LeasedRedBeatScheduler``: one schedule in Redis under a key
@@ -65,7 +67,7 @@ _third_party("redbeat")
 _third_party("django_celery_beat")
 
 UTC = timezone.utc
-DB = int(os.environ.get("LEASE_TEST_BEAT_INTEGRATIONS_REDIS_DB", "5"))
+DB = int(os.environ.get("LEASE_TEST_BEAT_INTEGRATIONS_REDIS_DB", "7"))
 BROKER = f"redis://{REDIS_HOST}:{REDIS_PORT}/{DB}"
 #: Slots the beats must have sent before they are stopped.
 SLOTS = 11
