@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from lease_celery import LeaseHandle, Store, open_store
-from lease_celery.heartbeat import Heartbeat
 from lease_celery.identity import process_owner
+from lease_celery.runtime.heartbeat import Heartbeat
 
 PG_DSN = "postgresql://127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 14

@@ -1,7 +1,7 @@
 """What the history costs a claim + finish: the same store with and without it, per store.
 
 The store writes each transition of a key into its history in the statement that makes it
-(lease_celery.history): a trigger on SQLite and PostgreSQL, the script itself on Redis. This
+(lease_celery.runtime.history): a trigger on SQLite and PostgreSQL, the script itself on Redis. This
 measures what that costs the task's own path. Per store, two stores side by side in one run:
 
 - *with*: a fresh store as lease_celery makes it;

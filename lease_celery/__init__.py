@@ -22,8 +22,8 @@ from .errors import (
     StoreError,
 )
 from .fencing import FenceGate
-from .handle import LeaseHandle
 from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
+from .runtime.handle import LeaseHandle
 from .settings import LeaseSettings
 from .stores import Store, open_store
 from .task import LeasedTask

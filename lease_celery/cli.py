@@ -20,15 +20,15 @@ from typing import Any, NoReturn
 
 import click
 
-from .delivery import republish
 from .doctor import diagnose
 from .errors import ConfigError, LeaseError
+from .execution.delivery import republish
 from .models import HistoryEntry, LeaseRecord, LeaseState
 from .settings import store_url_of
 from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
-from .sweeper import sweep_report
+from .worker.sweeper import sweep_report
 
 __all__ = ["leases", "main"]
 

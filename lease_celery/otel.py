@@ -34,7 +34,8 @@ from typing import Any
 from celery import current_task
 from celery import signals as celery_signals
 
-from . import delivery, signals
+from . import signals
+from .execution import delivery
 from .extras import needs
 
 with needs("lease_celery.otel", "opentelemetry-api", extra="otel"):

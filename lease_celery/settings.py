@@ -45,7 +45,7 @@ class LeaseSettings:
     #: dead (one FAILURE, as Celery reports it).
     retry_time_limits: bool = False
     #: Write the finish of a task whose outcome Celery neither stores nor sends on behind the
-    #: task's return, on the heartbeat's sender threads (see ``lease_celery.background``):
+    #: task's return, on the heartbeat's sender threads (see ``lease_celery.execution.background``):
     #: True, False, or "auto" (the default): behind the return when the body ran at least
     #: ``BACKGROUND_AFTER`` seconds. It pays on bodies that wait (the round trip overlaps the
     #: next task) and costs CPU-bound no-op bodies (the hand-off to the thread costs more
@@ -108,7 +108,7 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
 def store_url_of(app: Any, task: Any = None) -> str:
     """``lease_store_url`` for ``task`` (or app-wide), checked for syntax only: a host that
     only publishes tasks need not reach the store (or have its directory); workers check
-    the rest when they start (lease_celery.worker)."""
+    the rest when they start (lease_celery.worker.lifecycle)."""
     value, source = _lookup(app, task, "lease_store_url")
     url = DEFAULT_STORE_URL if value is None else value
     if not isinstance(url, str):

@@ -68,8 +68,8 @@ lease_lost = Signal(name="lease_lost")
 #: A delivery found a live holder and was re-published for later: ``countdown``, ``holder``.
 duplicate_deferred = Signal(name="duplicate_deferred")
 #: A delivery under another task id found the key finished (or dead) and was answered with its
-#: accepted outcome, under its own id (``lease_celery.answers``): ``state``, ``record`` (the
-#: key's), ``lease`` (the answer's).
+#: accepted outcome, under its own id (``lease_celery.execution.answers``): ``state``,
+#: ``record`` (the key's), ``lease`` (the answer's).
 duplicate_answered = Signal(name="duplicate_answered")
 #: A delivery found the key already finished (or dead) and was dropped: ``state``.
 duplicate_ignored = Signal(name="duplicate_ignored")

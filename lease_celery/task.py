@@ -21,11 +21,7 @@ from typing import Any, ClassVar
 from celery.exceptions import Ignore
 
 from . import signals
-from .answers import Answer, answer_key
-from .attempts import AttemptEnding
-from .background import finish_in_background
 from .checks import check_ttl
-from .delivery import body_signature, task_info
 from .errors import (
     ConfigError,
     LeaseCancelled,
@@ -35,16 +31,20 @@ from .errors import (
     ResultNotSerializable,
     StoreError,
 )
-from .handle import LeaseHandle
-from .heartbeat import Heartbeat
+from .execution.answers import Answer, answer_key
+from .execution.attempts import AttemptEnding
+from .execution.background import finish_in_background
+from .execution.delivery import body_signature, task_info
+from .execution.settle import confirm_stored, freeze_links
+from .execution.unique import existing_holder
 from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
 from .models import Lease, LeaseRecord, LeaseState
+from .runtime.handle import LeaseHandle
+from .runtime.heartbeat import Heartbeat
 from .settings import LeaseSettings
-from .settle import confirm_stored, freeze_links
 from .stores.base import Store
 from .stores.registry import shared_store
-from .unique import existing_holder
 from .wiring import install
 
 __all__ = ["LeasedTask"]
@@ -85,7 +85,7 @@ class LeasedTask(AttemptEnding):
         ``True``: ``apply_async`` returns the ``AsyncResult`` of the key's live or done holder
         instead of publishing again (also per call: ``apply_async(..., lease_unique=True)``).
 
-    Inside the body, ``self.lease`` is the :class:`~lease_celery.handle.LeaseHandle`
+    Inside the body, ``self.lease`` is the :class:`~lease_celery.runtime.handle.LeaseHandle`
     (``token``, ``owner``, ``check()``).
     """
 
@@ -131,7 +131,7 @@ class LeasedTask(AttemptEnding):
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     *more: Any, lease_unique: bool | None = None, **options: Any) -> Any:
         """Celery's ``apply_async``; with ``lease_unique`` (this call's, else the task's), a
-        key that already has a holder is not published again (``lease_celery.unique``)."""
+        key that already has a holder is not published again (``lease_celery.execution.unique``)."""
         unique = self.lease_unique if lease_unique is None else lease_unique
         if unique:
             holder = existing_holder(self, args, kwargs, task_id)

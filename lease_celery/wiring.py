@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import threading
 
-from . import history, metrics, settle, timelimits, worker
+from . import metrics
+from .execution import settle
+from .runtime import history
+from .worker import lifecycle as worker
+from .worker import timelimits
 
 __all__ = ["install"]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from lease_celery import Store, history, open_store
+from lease_celery import Store, open_store
+from lease_celery.runtime import history
 from lease_celery.testing import ManualClock
 from tests.support.servers import (
     PG_DSN,

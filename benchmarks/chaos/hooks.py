@@ -9,7 +9,7 @@ parent's pid, so the checker knows which processes a group kill ended).
 
 Faults (armed by the harness with :class:`~benchmarks.chaos.flags.Flags` tickets):
 
-- ``sweep_kill``: ``lease_celery.sweeper.sweep`` is wrapped (monkeypatched from here, the
+- ``sweep_kill``: ``lease_celery.worker.sweeper.sweep`` is wrapped (monkeypatched from here, the
   library is not edited) so that the store it sweeps kills this worker's whole process group
   right after ``store.sweep_expired`` returned marked rows and before any is re-published.
 - ``finish_exit``: a ``lease_finished`` receiver calls ``os._exit(1)`` in the pool process
@@ -33,7 +33,7 @@ from typing import Any
 from celery import signals as celery_signals
 
 import lease_celery
-from lease_celery import sweeper
+from lease_celery.worker import sweeper
 
 from .config import JOB_TASK, ChaosConfig
 from .events import EventLog

@@ -294,7 +294,7 @@ class Store(abc.ABC):
         next sweep returns the row again."""
         return self._sweep_unmark(check_key(key), int(token))
 
-    # -- history (lease_celery.history writes it, in batches, off the task's path) ----------
+    # -- history (lease_celery.runtime.history writes it, in batches, off the task's path) --
 
     def record_history_many(self, entries: Sequence[HistoryEntry]) -> None:
         """Append ``entries`` to their keys' histories (one write)."""

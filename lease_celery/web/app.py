@@ -34,8 +34,8 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from ..checks import encode_result
-from ..delivery import republish
 from ..errors import ConfigError, LeaseError, LeaseHeld, StoreError
+from ..execution.delivery import republish
 from ..models import EffectState
 from ..stores.base import Store
 from ..stores.urls import redact

@@ -10,8 +10,8 @@ import pytest
 
 from lease_celery import LeaseLost, open_store, signals
 from lease_celery.errors import StoreError
-from lease_celery.handle import LeaseHandle
-from lease_celery.heartbeat import Heartbeat
+from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.heartbeat import Heartbeat
 from lease_celery.stores.base import Store
 from tests.support.proxy import cuttable_proxy
 
@@ -319,7 +319,7 @@ def test_renewals_go_out_on_time_while_every_sender_waits_on_a_dead_connection(
     a settle confirmation queued behind them for 5 s, past its deadline): the heartbeat starts
     more senders, so the next renewals go out on time, on fresh connections, and no lease is
     lost."""
-    from lease_celery.heartbeat import SENDERS
+    from lease_celery.runtime.heartbeat import SENDERS
 
     ttl, interval = 1.0, 0.25
     heartbeat = Heartbeat.for_process()

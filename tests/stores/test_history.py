@@ -14,9 +14,10 @@ from celery import Celery
 from celery.app.trace import build_tracer
 from click.testing import CliRunner
 
-from lease_celery import LeasedTask, history, open_store
+from lease_celery import LeasedTask, open_store
 from lease_celery.cli import leases
 from lease_celery.models import HistoryEntry
+from lease_celery.runtime import history
 from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
 
@@ -130,7 +131,7 @@ def test_a_runs_events_reach_the_history_and_are_printed_by_the_cli(sqlite_url: 
     app.finalize()
     _trace(app, job, "t-1", 1)
     _trace(app, job, "t-2", -1)
-    from lease_celery.heartbeat import Heartbeat
+    from lease_celery.runtime.heartbeat import Heartbeat
 
     Heartbeat.for_process().flush_background(5.0)
     history.flush()

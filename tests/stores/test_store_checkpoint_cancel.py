@@ -9,8 +9,8 @@ import pytest
 
 from lease_celery.checks import encode_checkpoint
 from lease_celery.errors import CheckpointNotSerializable, LeaseLost
-from lease_celery.handle import LeaseHandle
 from lease_celery.models import Lease, LeaseState
+from lease_celery.runtime.handle import LeaseHandle
 from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
 

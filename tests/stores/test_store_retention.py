@@ -8,8 +8,8 @@ import pytest
 
 from lease_celery import LeaseState, Store
 from lease_celery.errors import ConfigError
-from lease_celery.sweeper import prune
 from lease_celery.testing import ManualClock
+from lease_celery.worker.sweeper import prune
 
 
 @pytest.fixture

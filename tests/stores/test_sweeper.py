@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from lease_celery import open_store
-from lease_celery.sweeper import sweep
 from lease_celery.testing import ManualClock
+from lease_celery.worker.sweeper import sweep
 
 TASK = {"task": "proj.tasks.build", "args": [42], "kwargs": {}, "options": {"task_id": "t-42"}}
 

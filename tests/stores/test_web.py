@@ -108,7 +108,8 @@ def app(web_store_url: str) -> Iterator[WebApp]:
 def _populate(store: Store) -> None:
     """A running lease that was taken over (with a stale refusal), a dead key with an evil key
     and reason, and an evil receipt of that key awaiting reconciliation. The store records the
-    claims, the takeover and the death itself; the stale refusal is lease_celery.history's."""
+    claims, the takeover and the death itself; the stale refusal is
+    lease_celery.runtime.history's."""
     first = store.claim("run:1", owner="w1:1:aa/1", ttl=0.05)
     assert first is not None
     while store.claim("run:1", owner="w2:2:bb/1", ttl=600) is None:

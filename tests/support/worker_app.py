@@ -458,7 +458,7 @@ def hard_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
           lease_finish_in_background=True)
 def quiet(self: LeasedTask, job_id: str) -> None:
     """Fire and forget: Celery stores nothing and sends nothing, so the finish is written
-    behind the return (lease_celery.background)."""
+    behind the return (lease_celery.execution.background)."""
     record("body_start", job_id=job_id, token=self.lease.token, owner=self.lease.owner)
 
 

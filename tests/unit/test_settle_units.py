@@ -9,9 +9,9 @@ from celery import Celery, group
 from celery.app.task import Context
 
 from lease_celery import LeasedTask, signals
-from lease_celery.handle import LeaseHandle
-from lease_celery.heartbeat import Heartbeat
-from lease_celery.settle import confirm_stored, freeze_links
+from lease_celery.execution.settle import confirm_stored, freeze_links
+from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.heartbeat import Heartbeat
 
 
 def _request(task_id: str, app: Celery) -> Context:

@@ -1,4 +1,4 @@
-"""A duplicate under another task id gets its own answer (lease_celery.answers), with real
+"""A duplicate under another task id gets its own answer (lease_celery.execution.answers), with real
 workers, a Redis broker and result backend: its ``AsyncResult`` returns the accepted result,
 a chord whose header member is delivered under two ids completes once, and a redelivery of an
 answered duplicate answers nothing twice."""
@@ -14,7 +14,7 @@ from celery import chord
 from celery.result import AsyncResult
 
 from lease_celery import open_store
-from lease_celery.answers import answer_key
+from lease_celery.execution.answers import answer_key
 from lease_celery.models import LeaseState
 from tests.support.workers import WorkerPool
 

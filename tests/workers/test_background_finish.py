@@ -1,4 +1,5 @@
-"""A fire-and-forget task's finish is written behind its return (``lease_celery.background``).
+"""A fire-and-forget task's finish is written behind its return
+(``lease_celery.execution.background``).
 
 In process, through Celery's own tracer and a real SQLite store: where the write happens, what
 the signals see, a non-JSON result, a refused (stale) write, and the flush a process makes
@@ -22,9 +23,9 @@ from celery.app.trace import build_tracer
 from benchmarks.chaos.proxy import DelayingProxy
 from lease_celery import LeasedTask, open_store, signals
 from lease_celery.errors import ResultNotSerializable
-from lease_celery.handle import LeaseHandle
-from lease_celery.heartbeat import MAX_SENDERS, Heartbeat
 from lease_celery.models import LeaseState
+from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.heartbeat import MAX_SENDERS, Heartbeat
 from lease_celery.stores.registry import shared_store
 from tests.support.workers import WorkerPool
 

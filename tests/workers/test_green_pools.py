@@ -210,13 +210,14 @@ if sys.argv[1] == "gevent":
 else:
     import eventlet; eventlet.monkey_patch()
 import json, logging, time
-from lease_celery import green, signals
+from lease_celery import signals
+from lease_celery.runtime import green
 
 seen = {}
 class Handler(logging.Handler):
     def emit(self, record):
         seen["log_on_native"] = green.on_native_thread()
-logging.getLogger("lease_celery.heartbeat").addHandler(Handler())
+logging.getLogger("lease_celery.runtime.heartbeat").addHandler(Handler())
 def receiver(sender=None, **_):
     seen["signal_on_native"] = green.on_native_thread()
 signals.lease_renewed.connect(receiver, weak=False)
@@ -226,7 +227,7 @@ def native():
     while not woken.wait(0.1):
         ticks.append(time.monotonic())
     signals.lease_renewed.send(sender=None, key="k")
-    logging.getLogger("lease_celery.heartbeat").warning("from the native thread")
+    logging.getLogger("lease_celery.runtime.heartbeat").warning("from the native thread")
 thread = green.start_thread(native, name="t")
 time.sleep(0.05)
 spin_until = time.monotonic() + 1.0

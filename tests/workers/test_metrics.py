@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 
 from lease_celery import EffectOutcomeUnknown, LeasedTask, install, metrics, open_store, signals
-from lease_celery.sweeper import sweep
+from lease_celery.worker.sweeper import sweep
 from tests.support.policy_helpers import free_port, scrape, wait_until
 from tests.support.workers import WorkerPool
 

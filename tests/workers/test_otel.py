@@ -29,9 +29,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from lease_celery import LeasedTask, delivery, metrics, open_store, otel, signals
-from lease_celery.sweeper import sweep
+from lease_celery import LeasedTask, metrics, open_store, otel, signals
+from lease_celery.execution import delivery
 from lease_celery.testing import ManualClock
+from lease_celery.worker.sweeper import sweep
 from tests.support.servers import REDIS_HOST, REDIS_PORT, require
 from tests.support.workers import Journal, Worker, WorkerPool, client_app
 

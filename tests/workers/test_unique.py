@@ -1,5 +1,5 @@
 """``lease_unique``: a publish of a key that already has a holder returns that holder's
-``AsyncResult`` instead of a new message (lease_celery.unique).
+``AsyncResult`` instead of a new message (lease_celery.execution.unique).
 
 The publisher here is a Celery app of the test's own that defines the same LeasedTask (as a
 producer would), on the workers' broker, queue and lease store; the workers are real.
@@ -16,8 +16,8 @@ from celery.signals import before_task_publish
 
 from lease_celery import LeasedTask, open_store
 from lease_celery.errors import ConfigError
+from lease_celery.execution.unique import existing_holder
 from lease_celery.models import LeaseState
-from lease_celery.unique import existing_holder
 from tests.support.servers import REDIS_URL
 from tests.support.workers import WorkerPool
 

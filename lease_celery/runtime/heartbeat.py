@@ -24,10 +24,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from . import green, signals
-from .errors import LeaseError
+from .. import signals
+from ..errors import LeaseError
+from ..stores.base import Store
+from . import green
 from .handle import LeaseHandle
-from .stores.base import Store
 
 __all__ = ["Heartbeat"]
 

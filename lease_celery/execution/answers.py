@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 
-from .checks import MAX_KEY_LENGTH
-from .handle import LeaseHandle
-from .models import LeaseRecord
+from ..checks import MAX_KEY_LENGTH
+from ..models import LeaseRecord
+from ..runtime.handle import LeaseHandle
 
 __all__ = ["ANSWER_MARK", "Answer", "answer_key"]
 

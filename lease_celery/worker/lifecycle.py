@@ -14,13 +14,13 @@ from typing import Any
 
 from celery import signals as celery_signals
 
-from . import history
-from .apps import leased_tasks
-from .errors import LeaseError
-from .heartbeat import Heartbeat
-from .names import name_problems
-from .settings import metrics_port, retention, sweep_grace, sweep_interval
-from .stores.registry import open_store
+from ..apps import leased_tasks
+from ..errors import LeaseError
+from ..names import name_problems
+from ..runtime import history
+from ..runtime.heartbeat import Heartbeat
+from ..settings import metrics_port, retention, sweep_grace, sweep_interval
+from ..stores.registry import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
 __all__ = ["release_held_leases"]
@@ -103,7 +103,7 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     interval = _sweep_interval(app)
     port = metrics_port(app)
     if port:
-        from .metrics import serve
+        from ..metrics import serve
 
         serve(port, app.conf.get("lease_metrics_addr") or "127.0.0.1")
         logger.info("lease metrics served on port %s", port)
@@ -143,4 +143,4 @@ def install() -> None:
                              (celery_signals.worker_ready, _start_sweeper),
                              (celery_signals.worker_shutdown, _on_worker_shutdown)):
         signal.connect(receiver, weak=False,
-                       dispatch_uid=f"lease_celery.worker.{receiver.__name__}")
+                       dispatch_uid=f"lease_celery.worker.lifecycle.{receiver.__name__}")

@@ -19,13 +19,13 @@ from celery.app.task import get_actual_ignore_result
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
-from . import signals
+from .. import signals
+from ..errors import LeaseCancelled, LeaseDead, LeaseLost, StoreError
+from ..policy import Outcome
+from ..runtime.handle import LeaseHandle
+from ..runtime.heartbeat import Heartbeat
+from ..settings import LeaseSettings, resolve_settings
 from .delivery import republish_later
-from .errors import LeaseCancelled, LeaseDead, LeaseLost, StoreError
-from .handle import LeaseHandle
-from .heartbeat import Heartbeat
-from .policy import Outcome
-from .settings import LeaseSettings, resolve_settings
 
 __all__ = ["AttemptEnding"]
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ..checks import encode_checkpoint
+from ..errors import LeaseCancelled, LeaseLost, StoreError
+from ..models import Lease
+from ..stores.base import Store
 from . import green
-from .checks import encode_checkpoint
-from .errors import LeaseCancelled, LeaseLost, StoreError
-from .models import Lease
-from .stores.base import Store
 
 __all__ = ["LeaseHandle"]
 

@@ -28,14 +28,15 @@ from typing import Any
 
 from celery import shared_task
 
-from . import green, history, signals
-from .apps import leased_tasks
-from .delivery import republish
-from .errors import LeaseError
-from .models import LeaseRecord
-from .settings import retention, sweep_grace
-from .stores.base import PURGE_BATCH, Store
-from .stores.registry import open_store, shared_store
+from .. import signals
+from ..apps import leased_tasks
+from ..errors import LeaseError
+from ..execution.delivery import republish
+from ..models import LeaseRecord
+from ..runtime import green, history
+from ..settings import retention, sweep_grace
+from ..stores.base import PURGE_BATCH, Store
+from ..stores.registry import open_store, shared_store
 
 __all__ = ["SweepReport", "SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app",
            "sweep_report"]

@@ -17,12 +17,12 @@ from typing import Any
 from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 
-from .apps import is_leased
-from .delivery import republish
-from .errors import LeaseError
-from .keys import resolve_key
-from .models import Lease, LeaseState
-from .stores.registry import shared_store
+from ..apps import is_leased
+from ..errors import LeaseError
+from ..execution.delivery import republish
+from ..keys import resolve_key
+from ..models import Lease, LeaseState
+from ..stores.registry import shared_store
 
 __all__ = ["end_after_hard_time_limit"]
 
@@ -74,4 +74,4 @@ def _on_task_failure(sender: Any = None, task_id: str | None = None,
 def install() -> None:
     """Record hard time limits the pool told on the lease (wiring)."""
     celery_signals.task_failure.connect(_on_task_failure, weak=False,
-                                        dispatch_uid="lease_celery.timelimits.task_failure")
+                                        dispatch_uid="lease_celery.worker.timelimits.task_failure")

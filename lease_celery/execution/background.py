@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import signals
-from .checks import EncodedResult, encode_result
-from .errors import StoreError
-from .handle import LeaseHandle
-from .heartbeat import Heartbeat
+from .. import signals
+from ..checks import EncodedResult, encode_result
+from ..errors import StoreError
+from ..runtime.handle import LeaseHandle
+from ..runtime.heartbeat import Heartbeat
 
 __all__ = ["finish_in_background"]
 

@@ -26,8 +26,8 @@ from typing import Any
 from celery import signals as celery_signals
 from celery import states
 
-from .handle import LeaseHandle
-from .heartbeat import Heartbeat
+from ..runtime.handle import LeaseHandle
+from ..runtime.heartbeat import Heartbeat
 
 __all__ = ["confirm_stored", "freeze_links"]
 
@@ -97,4 +97,4 @@ def _stop_renewing_unconfirmed(sender: Any = None, task: Any = None, **_: Any) -
 def install() -> None:
     """Stop renewing an outcome Celery did not store, after each task (wiring)."""
     celery_signals.task_postrun.connect(_stop_renewing_unconfirmed, weak=False,
-                                        dispatch_uid="lease_celery.settle.task_postrun")
+                                        dispatch_uid="lease_celery.execution.settle.task_postrun")

@@ -21,10 +21,10 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from . import signals
-from .errors import LeaseError
-from .models import HistoryEntry, Lease, LeaseRecord
-from .stores.base import Store
+from .. import signals
+from ..errors import LeaseError
+from ..models import HistoryEntry, Lease, LeaseRecord
+from ..stores.base import Store
 
 __all__ = ["flush", "note"]
 
@@ -127,6 +127,6 @@ def install() -> None:
     """Record lapses, refusals and answers in the history, and flush at exit (wiring)."""
     for name, receive in _RECEIVERS.items():
         getattr(signals, name).connect(receive, weak=False,
-                                       dispatch_uid=f"lease_celery.history.{name}")
+                                       dispatch_uid=f"lease_celery.runtime.history.{name}")
     atexit.unregister(flush)  # once, however often installed
     atexit.register(flush)

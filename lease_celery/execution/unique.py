@@ -11,8 +11,9 @@ as usual.
 This saves a message; it is not what makes the work run once. Two publishers reading at the
 same instant both publish, and a message still waiting in the queue has no row yet: those
 duplicates meet the lease when they run, and the later one is answered with the accepted
-outcome (``lease_celery.answers``). lease_celery's own re-publishes (a deferred duplicate, the
-sweeper, ``requeue``) pass ``lease_unique=False``: they carry a delivery that must arrive.
+outcome (``lease_celery.execution.answers``). lease_celery's own re-publishes (a deferred
+duplicate, the sweeper, ``requeue``) pass ``lease_unique=False``: they carry a delivery that
+must arrive.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .keys import resolve_key
-from .models import LeaseState
-from .stores.registry import shared_store
+from ..keys import resolve_key
+from ..models import LeaseState
+from ..stores.registry import shared_store
 
 __all__ = ["UNIQUE_STATES", "existing_holder"]
 

@@ -262,7 +262,7 @@ def _install_relay() -> None:
     if _relay_installed:
         return
     if on_native_thread():
-        raise RuntimeError("lease_celery.green: start native threads from the hub's thread")
+        raise RuntimeError("lease_celery.runtime.green: start native threads from the hub's thread")
     _relay_installed = True
     if active() == "gevent":
         import gevent
@@ -274,7 +274,7 @@ def _install_relay() -> None:
         eventlet.spawn_n(_drain)
     from celery.utils.dispatch import Signal
 
-    from . import signals
+    from .. import signals
 
     for signal in vars(signals).values():
         if isinstance(signal, Signal):
@@ -313,7 +313,7 @@ def thread_store(store: S) -> S:
     key = (_original("_thread", "get_ident")(), id(store))
     found = _own_stores.get(key)
     if found is None:
-        from .stores.registry import open_store
+        from ..stores.registry import open_store
 
         found = _own_stores[key] = (store, open_store(url, clock=getattr(store, "_clock", None)))
     return cast(S, found[1])
