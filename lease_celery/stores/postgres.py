@@ -69,7 +69,8 @@ class PostgresStore(Store):
         # The libpq options a store relies on are checked here rather than at the first
         # connection, so that check_url (a host that only publishes tasks) refuses them too.
         query.setdefault("connect_timeout", "5")
-        whole_option("postgres", "connect_timeout", query["connect_timeout"], minimum=0)
+        self._connect_timeout = whole_option("postgres", "connect_timeout",
+                                             query["connect_timeout"], minimum=0)
         if "sslmode" in query:
             query["sslmode"] = choice_option("postgres", "sslmode", query["sslmode"], _SSLMODES)
         self.schema = options["schema"]
@@ -121,6 +122,14 @@ class PostgresStore(Store):
                     self._conninfo, min_size=1, max_size=self.pool_max, open=True,
                     kwargs={"autocommit": True}, timeout=self.reconnect_timeout,
                     name=f"lease_celery-{os.getpid()}")
+                # The pool opens its first connection in the background: asked for one before
+                # that, a call waited only reconnect_timeout (0.02 s in a test) and failed on
+                # a healthy server that was merely slow. Opening a connection may take what
+                # connect_timeout allows (libpq's 0, no limit: reconnect_timeout then).
+                try:
+                    pool.wait(timeout=float(self._connect_timeout) or self.reconnect_timeout)
+                except psycopg_pool.PoolTimeout as exc:
+                    raise self._connect_error(exc) from exc
                 self._pool.set(pool)
             return pool
 

@@ -359,22 +359,21 @@ class SQLiteStore(Store):
     # -- effect receipts --------------------------------------------------------------------
 
     def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
-        def body(conn: sqlite3.Connection, now: float) -> bool | None:
-            if not self._is_current(conn, lease, now):
-                return None
-            return conn.execute(_Q["effect_insert"], {
-                "key": key, "fingerprint": fingerprint, **lease_params(lease), "now": now}
-                ).rowcount == 1
-
-        return self._write(body)
+        return self._effect_started("effect_insert", lease,
+                                    {"key": key, "fingerprint": fingerprint})
 
     def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
+        return self._effect_started("effect_restart", lease, {"key": key, "version": version})
+
+    def _effect_started(self, query: str, lease: Lease | None,
+                        params: dict[str, Any]) -> bool | None:
+        """A receipt write started by ``lease``, in one transaction with the check that the
+        lease is current: None (nothing written) if it is not."""
         def body(conn: sqlite3.Connection, now: float) -> bool | None:
             if not self._is_current(conn, lease, now):
                 return None
-            return conn.execute(_Q["effect_restart"], {
-                "key": key, "version": version, **lease_params(lease), "now": now}
-                ).rowcount == 1
+            return conn.execute(_Q[query], {**params, **lease_params(lease), "now": now}
+                                ).rowcount == 1
 
         return self._write(body)
 

@@ -605,6 +605,30 @@ def test_postgres_settle_whose_reply_is_lost_is_still_reported_settled(
         assert record is not None and not record.settling
 
 
+def test_postgres_first_use_waits_for_its_pool_within_connect_timeout(postgres_url: str) -> None:
+    """A server that answers every reply 50 ms late (well within connect_timeout), and a store
+    whose reconnect_timeout (0.02 s) is shorter than that: the pool's first connection takes
+    longer than reconnect_timeout to open, and the first call still succeeds. Under load the
+    pool used to be asked for a connection it had not opened yet and gave up after
+    reconnect_timeout: StoreError on a healthy server."""
+    from benchmarks.chaos.proxy import DelayingProxy
+
+    with open_store(postgres_url) as store:  # the schema first: the test times only the pool
+        assert store.get("warm") is None
+    parts = urlsplit(postgres_url)
+    proxy = DelayingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy.delay = 0.05
+    try:
+        slow = urlunsplit((parts.scheme, f"127.0.0.1:{proxy.port}", parts.path,
+                           f"{parts.query}&connect_timeout=5&reconnect_timeout=0.02", ""))
+        for _ in range(3):
+            with open_store(slow) as store:
+                lease = store.claim(f"first:{uuid.uuid4().hex}", owner="w", ttl=30)
+                assert lease is not None
+    finally:
+        proxy.close()
+
+
 def test_postgres_libpq_options_with_spaces_reach_the_server(postgres_url: str) -> None:
     """libpq's own URL options pass through, spaces included (``options=-c name=value``):
     they were re-encoded with "+" for spaces, which libpq refuses."""
