@@ -216,11 +216,17 @@ class Effects:
         is the queue of actions a person must reconcile."""
         return self.store.effect_find(state=state, limit=limit)
 
-    def resolve(self, key: str, result: Any = None) -> Receipt:
-        """Record that the action happened, with ``result``: replays will return it."""
+    def resolve(self, key: str, result: Any = None, *,
+                in_flight_timeout: float = DEFAULT_IN_FLIGHT_TIMEOUT) -> Receipt:
+        """Record that the action happened, with ``result``: replays will return it.
+
+        Refused with ``LeaseHeld``, as :meth:`discard` is, while an attempt is still running
+        under a current lease: that attempt will record the outcome itself.
+        """
         encoded = encode_result(result)
         while True:
             receipt = self._existing(key)
+            self._refuse_while_running(receipt, in_flight_timeout, "resolved")
             if self.store.effect_update(key, version=receipt.version, state=EffectState.DONE,
                                         result=encoded):
                 return self._existing(key)
@@ -236,13 +242,18 @@ class Effects:
             receipt = self.store.effect_get(key)
             if receipt is None:
                 return False
-            if (receipt.state is EffectState.IN_FLIGHT
-                    and self._attempt_alive(receipt, in_flight_timeout)):
-                raise LeaseHeld(f"effect {key!r} is being performed by {receipt.lease_owner} "
-                                f"(lease {receipt.lease_key!r} token {receipt.lease_token}); "
-                                "it cannot be discarded while it runs")
+            self._refuse_while_running(receipt, in_flight_timeout, "discarded")
             if self.store.effect_delete(key, version=receipt.version):
                 return True
+
+    def _refuse_while_running(self, receipt: Receipt, in_flight_timeout: float,
+                              what: str) -> None:
+        """An operator's verdict waits for a running attempt: ``LeaseHeld`` until it ends."""
+        if (receipt.state is EffectState.IN_FLIGHT
+                and self._attempt_alive(receipt, in_flight_timeout)):
+            raise LeaseHeld(f"effect {receipt.key!r} is being performed by "
+                            f"{receipt.lease_owner} (lease {receipt.lease_key!r} token "
+                            f"{receipt.lease_token}); it cannot be {what} while it runs")
 
     def _existing(self, key: str) -> Receipt:
         receipt = self.store.effect_get(key)

@@ -130,7 +130,9 @@ class WebApp:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         base = quote(environ.get("SCRIPT_NAME", "").encode("latin-1", "replace").decode(
-            "utf-8", "replace").rstrip("/"), safe="/")
+            "utf-8", "replace").strip("/"), safe="/")
+        # Only a path: "//evil.example" as given made every link a link to another site.
+        base = f"/{base}" if base else ""
         try:
             response = self._handle(environ, base)
         except Refused as exc:
@@ -285,7 +287,10 @@ class WebApp:
             raise Refused(409, "Already done", f"receipt {key!r} is done already; its "
                           "recorded result was kept")
         result = _parse_result(form.get("result", ""))
-        self.store.effects.resolve(key, result)
+        try:
+            self.store.effects.resolve(key, result)
+        except LeaseHeld as exc:
+            raise Refused(409, "Still running", str(exc)) from exc
         encoded = encode_result(result)
         return Outcome("Resolved", f"Receipt {key!r} is done with result {encoded}: replays "
                        "return it. Requeue its lease to run the task again.",
@@ -356,10 +361,18 @@ def _read_form(environ: dict[str, Any]) -> dict[str, str]:
     if kind != "application/x-www-form-urlencoded":
         raise Refused(415, "Not a form", "actions take application/x-www-form-urlencoded "
                       "forms; nothing was changed")
+    # Refused before reading: read(-1) would take the whole body, however large, and the
+    # token is checked only once the form is read.
+    raw = str(environ.get("CONTENT_LENGTH") or "").strip()
+    if not raw:
+        raise Refused(400, "Bad request", "a form needs a Content-Length; nothing was changed")
     try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
+        length = int(raw)
     except ValueError:
         raise Refused(400, "Bad request", "bad Content-Length") from None
+    if length < 0:
+        raise Refused(400, "Bad request", f"Content-Length {length} is negative; nothing was "
+                      "read or changed")
     if length > MAX_BODY:
         raise Refused(413, "Too large", f"forms are at most {MAX_BODY} bytes")
     try:

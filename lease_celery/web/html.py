@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import time
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -30,10 +31,21 @@ class Safe(str):
 
 
 def h(value: object) -> Safe:
-    """``value`` as HTML text: escaped (quotes included, so also fit for attributes)."""
+    """``value`` as HTML text: escaped (quotes included, so also fit for attributes), and the
+    invisible characters that make text show other than it is (bidi overrides, zero-width
+    and other format characters, controls but newline and tab) shown as ``\\uXXXX``: a key
+    ``uni\\u202egnp.exe`` must not read as ``uniexe.png``."""
     if isinstance(value, Safe):
         return value
-    return Safe(html.escape("" if value is None else str(value), quote=True))
+    return Safe(html.escape(_visible("" if value is None else str(value)), quote=True))
+
+
+def _visible(text: str) -> str:
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if c not in "\n\t"
+                   and unicodedata.category(c) in ("Cf", "Cc", "Zl", "Zp") else c
+                   for c in text)
 
 
 def join(parts: Iterable[object], sep: str = "") -> Safe:

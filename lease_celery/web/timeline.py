@@ -9,6 +9,7 @@ details (SVG ``<title>``). No scripts; every text is escaped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 from ..models import HistoryEntry, LeaseRecord, LeaseState
@@ -92,7 +93,7 @@ def timeline_svg(entries: Sequence[HistoryEntry], *, record: LeaseRecord | None,
 
 
 def _axis(y: int, span: float, scale: float) -> list[str]:
-    step = next((s for s in _STEPS if span / s <= 10), _STEPS[-1])
+    step = next((s for s in _STEPS if span / s <= 10), None) or _round_step(span / 10)
     out = [_line(LEFT, y, WIDTH - RIGHT, y, MUTED)]
     tick = 0.0
     while tick <= span + 1e-9:
@@ -102,6 +103,14 @@ def _axis(y: int, span: float, scale: float) -> list[str]:
                          fill=MUTED))
         tick += step
     return out
+
+
+def _round_step(at_least: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten seconds that is ``at_least``: spans beyond
+    a few weeks get about ten ticks too (a fixed largest step drew one per week, without end:
+    a span of 6e10 s was 20 MB of SVG)."""
+    power = 10.0 ** math.floor(math.log10(at_least))
+    return next(power * m for m in (1, 2, 5, 10) if power * m >= at_least)
 
 
 def _bar(mine: list[HistoryEntry], token: int, x: _X, y: int,

@@ -403,3 +403,108 @@ def test_cli_refuses_a_non_loopback_host_without_a_token(sqlite_url: str,
                    cwd=tmp_path, program=CELERY)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not a loopback address" in proc.stderr and "--token" in proc.stderr
+
+
+# -- hostile input (issue 20: the dashboard on a network) --------------------------------------
+
+
+@pytest.fixture
+def sqlite_app(sqlite_url: str) -> Iterator[tuple[Store, WebApp]]:
+    with open_store(sqlite_url) as opened:
+        web = make_app(sqlite_url, token=TOKEN)
+        yield opened, web
+        web.close()
+
+
+def test_a_script_name_that_names_a_host_keeps_every_link_on_the_site(
+        sqlite_app: tuple[Store, WebApp]) -> None:
+    """A SCRIPT_NAME of ``//evil.example`` (a proxy's or a mount's) is taken as the path
+    ``/evil.example``: no link, form or cookie path of the page leaves the site."""
+    store, app = sqlite_app
+    lease = store.claim("job:1", owner="w", ttl=60)
+    assert lease is not None and store.kill(lease, reason="boom")
+    for path, query in [("/", {}), ("/dead", {}), ("/key", {"key": "job:1"})]:
+        reply = Client(app, script_name="//evil.example").get(path, **query)
+        assert reply.status == 200, reply.text
+        targets = re.findall(r'(?:href|action)="([^"]*)"', reply.text)
+        assert targets and all(t.startswith("/evil.example/") or t == "/evil.example"
+                               for t in targets), targets
+        assert not any(t.startswith("//") for t in targets)
+        cookie = reply.header("Set-Cookie") or ""
+        assert "Path=//" not in cookie, cookie
+
+
+def test_bidi_and_zero_width_characters_of_a_key_are_shown_escaped(
+        sqlite_app: tuple[Store, WebApp]) -> None:
+    """A key ``uni\\u202egnp.exe`` (reads as ``uniexe.png``) and one with a zero-width space
+    appear with those characters as ``\\u202e`` and ``\\u200b``, never raw."""
+    store, app = sqlite_app
+    keys = ["uni\u202egnp.exe", "pay\u200bment:1"]
+    for key in keys:
+        lease = store.claim(key, owner="w", ttl=60)
+        assert lease is not None and store.kill(lease, reason="why\u2066 not")
+    client = Client(app)
+    for page in (client.get("/dead").text, client.get("/key", key=keys[0]).text):
+        assert "\u202e" not in page and "\u200b" not in page and "\u2066" not in page
+    assert "uni\\u202egnp.exe" in client.get("/dead").text
+    assert "pay\\u200bment:1" in client.get("/dead").text
+
+
+def test_a_timeline_over_a_huge_span_stays_small(sqlite_app: tuple[Store, WebApp]) -> None:
+    """History entries 6e10 s apart (a bad clock, a doctored row): the key page's timeline
+    has about ten ticks, not one per week (that was 20 MB of SVG)."""
+    from lease_celery.models import HistoryEntry
+
+    store, app = sqlite_app
+    lease = store.claim("far:1", owner="w", ttl=60)
+    assert lease is not None
+    store.record_history_many([HistoryEntry("far:1", 1.0, "lapsed", "w", 1, 1, None),
+                               HistoryEntry("far:1", 6e10, "retry", "w", 1, 1, None)])
+    page = Client(app).get("/key", key="far:1")
+    assert page.status == 200
+    svg = page.text[page.text.index("<svg"):page.text.index("</svg>")]
+    assert len(svg) < 50_000, len(svg)
+    assert 3 <= svg.count("<line") <= 60
+
+
+def test_resolving_a_receipt_whose_attempt_still_runs_is_refused(
+        sqlite_app: tuple[Store, WebApp]) -> None:
+    """An in-flight receipt under a current lease: /resolve answers 409 and changes nothing,
+    as /discard does; once the lease is gone, resolving works."""
+    store, app = sqlite_app
+    lease = store.claim("job:live", owner="w", ttl=600)
+    assert lease is not None
+    assert store.effect_insert("mail:live", "fp", lease)
+    dead = store.claim("job:dead", owner="w", ttl=60)
+    assert dead is not None and store.kill(dead, reason="boom")
+    client = Client(app)
+    csrf = client.get("/key", key="job:dead").csrf()  # a page with a form: the session's
+    reply = client.post("/resolve", "mail:live", {"csrf": csrf, "token": TOKEN,
+                                                  "result": '"sent"'})
+    assert reply.status == 409, reply.text
+    assert "being performed" in reply.text
+    receipt = store.effects.get("mail:live")
+    assert receipt is not None and receipt.state is EffectState.IN_FLIGHT
+    assert store.release(lease)
+    reply = client.post("/resolve", "mail:live", {"csrf": csrf, "token": TOKEN,
+                                                  "result": '"sent"'})
+    assert reply.status == 200, reply.text
+    receipt = store.effects.get("mail:live")
+    assert receipt is not None and receipt.state is EffectState.DONE
+
+
+@pytest.mark.parametrize("length", ["-1", None, "abc"])
+def test_a_form_without_a_usable_length_is_refused_before_it_is_read(
+        sqlite_app: tuple[Store, WebApp], length: str | None) -> None:
+    """A negative, missing or malformed Content-Length: 400 before a byte of the body is read
+    (read(-1) used to take the whole body, before any token check)."""
+    _, app = sqlite_app
+
+    class Untouchable(io.RawIOBase):
+        def read(self, size: int = -1) -> bytes:
+            raise AssertionError(f"the body was read ({size})")
+
+    # WSGI: an absent Content-Length may be given as empty.
+    reply = Client(app).request("POST", "/resolve", {"key": "x"}, {"token": TOKEN}, headers={
+        "wsgi.input": Untouchable(), "CONTENT_LENGTH": "" if length is None else length})
+    assert reply.status == 400, reply.text

@@ -1,0 +1,87 @@
+"""The dashboard as a hostile client on the network meets it: raw HTTP against the real CLI
+server (``python -m lease_celery -A tests.support.worker_app --store URL web --port 0``)."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lease_celery import open_store
+from tests.support.policy_helpers import REPO
+
+TOKEN = "http-test-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """The real CLI server on a free loopback port: (host, port), read from its first line."""
+    folder: Path = tmp_path_factory.mktemp("web-http")
+    url = f"sqlite:///{folder}/leases.sqlite3"
+    with open_store(url) as store:
+        assert store.get("nothing") is None  # the file and its schema exist
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    log = folder / "server.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "lease_celery", "-A", "tests.support.worker_app",
+             "--store", url, "web", "--port", "0", "--token", TOKEN],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=folder)
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 20)
+        line = process.stdout.readline() if ready else ""
+        assert "dashboard on http://127.0.0.1:" in line, (line, log.read_text())
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        yield "127.0.0.1", port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _ask(address: tuple[str, int], head: str, *, within: float) -> str:
+    """Send ``head`` (request line and headers, no body, the connection left open) and read
+    the reply until the server closes it or ``within`` seconds pass."""
+    with socket.create_connection(address, timeout=within) as sock:
+        sock.sendall(head.encode("latin-1"))
+        reply = b""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        return reply.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("length", ["-1", "-100000000"])
+def test_a_negative_content_length_is_answered_400_without_reading(
+        server: tuple[str, int], length: str) -> None:
+    """A POST whose Content-Length is negative, its body never sent: the answer is 400 within
+    2 s. The server used to read(-1), waiting for the client to close (and taking in whatever
+    it sent, 100 MB before any token check)."""
+    host, port = server
+    reply = _ask(server, f"POST /resolve?key=x HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                         "Content-Type: application/x-www-form-urlencoded\r\n"
+                         f"Content-Length: {length}\r\n\r\n", within=2.0)
+    assert reply.startswith("HTTP/1.0 400") or reply.startswith("HTTP/1.1 400"), reply[:300]
+    assert "negative" in reply
+
+
+def test_a_form_without_content_length_is_answered_400(server: tuple[str, int]) -> None:
+    host, port = server
+    reply = _ask(server, f"POST /resolve?key=x HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                         "Content-Type: application/x-www-form-urlencoded\r\n\r\n", within=2.0)
+    assert reply.split(" ", 2)[1] == "400", reply[:300]
+    assert "Content-Length" in reply
