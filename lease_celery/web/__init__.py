@@ -19,11 +19,12 @@ __all__ = ["WebApp", "make_app"]
 
 
 def make_app(store_url: str, *, token: str | None = None, app: Any = None,
-             allowed_hosts: Sequence[str] | None = None, refresh: int = 5) -> WebApp:
+             allowed_hosts: Sequence[str] | None = None, refresh: int = 5,
+             secret: str | bytes | None = None) -> WebApp:
     """The dashboard over the store at ``store_url`` (see :class:`WebApp` for the options).
 
     The store is opened once (connecting lazily) and shared by the requests; ``.close()``
     closes it.
     """
     return WebApp(open_store(store_url), token=token, app=app, allowed_hosts=allowed_hosts,
-                  refresh=refresh)
+                  refresh=refresh, secret=secret)

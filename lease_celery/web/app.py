@@ -27,6 +27,8 @@ import json
 import logging
 import re
 import secrets
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -48,6 +50,13 @@ logger = logging.getLogger(__name__)
 
 COOKIE = "lease_celery_session"
 MAX_BODY = 64 * 1024
+#: The shortest operator token accepted.
+MIN_TOKEN = 16
+#: Wrong operator tokens one client may send per ``GUESS_WINDOW`` seconds before it is
+#: answered 429 until the window has passed (1,300 guesses a second were possible).
+MAX_GUESSES, GUESS_WINDOW = 5, 60.0
+#: The host names a dashboard answers to unless told otherwise (DNS rebinding).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 SECURITY_HEADERS = [
     ("Content-Security-Policy", "default-src 'self'; script-src 'none'; object-src 'none'; "
      "style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
@@ -101,22 +110,38 @@ def host_name(host: str) -> str:
 class WebApp:
     """The dashboard over one store: ``WebApp(store, token=...)`` or ``make_app(url, ...)``.
 
-    ``token``: the operator token that every action needs (None: read-only). ``app``: a Celery
-    app to re-publish a requeued key's task with (None: the row is made ready and a worker's
-    sweeper re-publishes it after ``lease_sweep_grace``). ``allowed_hosts``: the only host
-    names accepted in the ``Host`` header (None: any). ``refresh``: seconds between reloads of
-    the list pages.
+    ``token``: the operator token that every action needs (None: read-only), at least
+    ``MIN_TOKEN`` characters. ``app``: a Celery app to re-publish a requeued key's task with
+    (None: the row is made ready and a worker's sweeper re-publishes it after
+    ``lease_sweep_grace``). ``allowed_hosts``: the only host names accepted in the ``Host``
+    header (None: the loopback names; ``["*"]``: any). ``refresh``: seconds between reloads of
+    the list pages. ``secret``: what the CSRF tokens are signed with (None: derived from the
+    token, so several processes behind one URL accept each other's forms).
     """
 
     def __init__(self, store: Store, *, token: str | None = None, app: Any = None,
-                 allowed_hosts: Sequence[str] | None = None, refresh: int = 5) -> None:
+                 allowed_hosts: Sequence[str] | None = None, refresh: int = 5,
+                 secret: str | bytes | None = None) -> None:
         if token is not None and (not isinstance(token, str) or not token.strip()):
             raise ConfigError("the operator token must be a non-empty string (or None for a "
                               "read-only dashboard)")
+        if token is not None and len(token.strip()) < MIN_TOKEN:
+            raise ConfigError(f"the operator token is {len(token.strip())} characters long; it "
+                              f"must have at least {MIN_TOKEN} (e.g. openssl rand -hex 16): "
+                              "it is the one secret between the network and every action")
         self.store, self.celery_app, self.refresh = store, app, refresh
         self._token = None if token is None else token.encode("utf-8")
-        self._secret = secrets.token_bytes(32)
-        self._hosts = None if allowed_hosts is None else {host_name(h) for h in allowed_hosts}
+        if secret is not None:
+            self._secret = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+        elif self._token is not None:
+            self._secret = hmac.new(self._token, b"lease_celery.web.csrf",
+                                    hashlib.sha256).digest()
+        else:
+            self._secret = secrets.token_bytes(32)  # read-only: no forms to sign
+        names = LOOPBACK_NAMES if allowed_hosts is None else allowed_hosts
+        self._hosts = None if "*" in names else {host_name(h) for h in names}
+        self._failures: dict[str, list[float]] = {}
+        self._failures_lock = threading.Lock()
         self._css = resources.files(__package__).joinpath("static/dashboard.css").read_bytes()
 
     @property
@@ -138,6 +163,8 @@ class WebApp:
         except Refused as exc:
             response = self._page(environ, base, exc.title, Safe(
                 f'<p class="refused">{h(exc.message)}</p>'), status=exc.status)
+            if exc.status == 429:
+                response.headers.append(("Retry-After", f"{GUESS_WINDOW:.0f}"))
             if exc.status == 405:
                 response.headers.append(("Allow", "POST" if environ.get("PATH_INFO") in _ACTIONS
                                          else "GET, HEAD"))
@@ -244,14 +271,34 @@ class WebApp:
         if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
             raise Refused(403, "Cross-site request refused", "actions come only from the "
                           "dashboard's own pages; nothing was changed")
+        client = str(environ.get("REMOTE_ADDR") or "unknown")
+        self._refuse_guessing(client)
         session, new = self._session(environ)
         if new or not hmac.compare_digest(form.get("csrf", ""), self._csrf(session)):
             raise Refused(403, "Form expired", "the form's CSRF token is missing or does not "
                           "match this browser's session (the dashboard may have restarted): "
                           "reload the page and try again; nothing was changed")
         if not hmac.compare_digest(form.get("token", "").encode("utf-8"), self._token):
+            with self._failures_lock:
+                if len(self._failures) > 10_000:  # a flood from many addresses: keep it small
+                    self._failures.clear()
+                self._failures.setdefault(client, []).append(time.monotonic())
             raise Refused(403, "Wrong operator token", "the operator token is missing or "
                           "wrong; nothing was changed")
+
+    def _refuse_guessing(self, client: str) -> None:
+        """429 for a client that sent ``MAX_GUESSES`` wrong tokens in the last window."""
+        now = time.monotonic()
+        with self._failures_lock:
+            recent = [t for t in self._failures.get(client, []) if now - t < GUESS_WINDOW]
+            if recent:
+                self._failures[client] = recent
+            else:
+                self._failures.pop(client, None)
+        if len(recent) >= MAX_GUESSES:
+            raise Refused(429, "Too many wrong tokens", f"{len(recent)} wrong operator tokens "
+                          f"from {client} in the last {GUESS_WINDOW:g} s: try again in "
+                          f"{GUESS_WINDOW - (now - recent[0]):.0f} s; nothing was changed")
 
     # -- actions ---------------------------------------------------------------------------
 

@@ -16,10 +16,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..errors import ConfigError
 from . import make_app
+from .app import LOOPBACK_NAMES
 
 __all__ = ["is_loopback", "serve"]
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def is_loopback(host: str) -> bool:
@@ -61,7 +60,7 @@ def serve(store_url: str, *, host: str = "127.0.0.1", port: int = 8765,
             "and result. Use --host 127.0.0.1 (and an SSH tunnel or a reverse proxy), or give "
             "--token")
     web = make_app(store_url, token=token, app=app,
-                   allowed_hosts=[*LOOPBACK_NAMES, host] if loopback else None)
+                   allowed_hosts=[*LOOPBACK_NAMES, host] if loopback else ["*"])
     server_class = _Server6 if ":" in host else _Server
     try:
         server = make_server(host.strip("[]"), port, web, server_class=server_class,

@@ -244,9 +244,12 @@ def test_refused_actions_change_nothing(store: Store, app: WebApp) -> None:
         ({"csrf": csrf, "token": TOKEN}, {"HTTP_SEC_FETCH_SITE": "cross-site"}, 403,
          "Cross-site"),
     ]
-    for action, key in [("/resolve", EFFECT), ("/discard", EFFECT), ("/requeue", EVIL_KEY)]:
+    actions = [("/resolve", EFFECT), ("/discard", EFFECT), ("/requeue", EVIL_KEY)]
+    for n, (action, key) in enumerate(actions):
+        # A client address per action: three wrong tokens each stay below the guess limit.
+        address = {"REMOTE_ADDR": f"10.0.0.{n + 1}"}
         for form, headers, status, message in attempts:
-            reply = client.post(action, key, form, headers=headers)
+            reply = client.post(action, key, form, headers={**headers, **address})
             assert (reply.status, message in reply.text) == (status, True), (action, form)
             assert "nothing was changed" in reply.text
         cookieless = Client(app)
@@ -508,3 +511,71 @@ def test_a_form_without_a_usable_length_is_refused_before_it_is_read(
     reply = Client(app).request("POST", "/resolve", {"key": "x"}, {"token": TOKEN}, headers={
         "wsgi.input": Untouchable(), "CONTENT_LENGTH": "" if length is None else length})
     assert reply.status == 400, reply.text
+
+
+def test_a_short_operator_token_is_refused(sqlite_url: str) -> None:
+    """``token="a"`` was accepted: one guess in 16 at the first character."""
+    for short in ("a", "x" * 15):
+        with pytest.raises(ConfigError, match="at least 16"):
+            make_app(sqlite_url, token=short)
+    make_app(sqlite_url, token="x" * 16).close()
+
+
+def test_token_guessing_is_answered_429_after_five_wrong_tokens(
+        sqlite_app: tuple[Store, WebApp]) -> None:
+    """Five wrong tokens from one client in a minute, then 429 (with Retry-After), even for
+    the right token; another client is not held up; nothing is changed meanwhile."""
+    store, app = sqlite_app
+    lease = store.claim("job:dead", owner="w", ttl=60)
+    assert lease is not None and store.kill(lease, reason="boom")
+    client = Client(app)
+    csrf = client.get("/key", key="job:dead").csrf()
+    for attempt in range(5):
+        reply = client.post("/requeue", "job:dead", {"csrf": csrf, "token": f"guess-{attempt}"})
+        assert reply.status == 403, reply.text
+    for token in ("guess-5", TOKEN):
+        reply = client.post("/requeue", "job:dead", {"csrf": csrf, "token": token})
+        assert reply.status == 429, reply.text
+        assert reply.header("Retry-After") == "60"
+    record = store.get("job:dead")
+    assert record is not None and record.state is LeaseState.DEAD
+    other = Client(app)
+    other_csrf = other.get("/key", key="job:dead").csrf()
+    reply = other.post("/requeue", "job:dead", {"csrf": other_csrf, "token": TOKEN},
+                       headers={"REMOTE_ADDR": "10.0.0.2"})
+    assert reply.status == 200, reply.text
+
+
+def test_the_default_hosts_are_the_loopback_names(sqlite_url: str) -> None:
+    """Without ``allowed_hosts`` a page asked for under another name (DNS rebinding) is 400;
+    ``allowed_hosts=["*"]`` answers any name."""
+    web = make_app(sqlite_url, token=TOKEN)
+    try:
+        for host in ("127.0.0.1:8765", "localhost", "[::1]:80"):
+            assert Client(web, host=host).get("/").status == 200, host
+        assert Client(web, host="attacker.example:8765").get("/").status == 400
+    finally:
+        web.close()
+    anything = make_app(sqlite_url, token=TOKEN, allowed_hosts=["*"])
+    try:
+        assert Client(anything, host="leases.example.com").get("/").status == 200
+    finally:
+        anything.close()
+
+
+def test_processes_behind_one_url_accept_each_others_forms(sqlite_url: str) -> None:
+    """Two dashboards with one token (two processes behind a balancer): a form served by one
+    is accepted by the other (the CSRF secret was per process: random "Form expired")."""
+    with open_store(sqlite_url) as store:
+        lease = store.claim("job:dead", owner="w", ttl=60)
+        assert lease is not None and store.kill(lease, reason="boom")
+    first, second = make_app(sqlite_url, token=TOKEN), make_app(sqlite_url, token=TOKEN)
+    try:
+        browser = Client(first)
+        csrf = browser.get("/key", key="job:dead").csrf()
+        browser.app = second
+        reply = browser.post("/requeue", "job:dead", {"csrf": csrf, "token": TOKEN})
+        assert reply.status == 200, reply.text
+    finally:
+        first.close()
+        second.close()
