@@ -439,15 +439,20 @@ def doctor(ctx: Context) -> None:
 @click.option("--token", envvar="LEASE_WEB_TOKEN", metavar="T",
               help="Operator token that actions need (or $LEASE_WEB_TOKEN, which keeps it out "
                    "of ps); without it the dashboard is read-only.")
+@click.option("--protect-reads/--open-reads", default=None,
+              help="Every page, not only every action, needs the token (a browser signs in "
+                   "once per session). Default: on beyond loopback, off on it.")
 @_common
 @click.pass_obj
-def web(ctx: Context, host: str, port: int, token: str | None) -> None:
+def web(ctx: Context, host: str, port: int, token: str | None,
+        protect_reads: bool | None) -> None:
     """Serve the web dashboard (counts, running, takeovers, dead keys, reconciliation, one
     page per key) until Ctrl-C."""
     from .web.serve import serve
 
     try:
         serve(ctx.store_url, host=host, port=port, token=token, app=ctx.app,
+              protect_reads=protect_reads,
               announce=lambda line: click.echo(line, err=line.startswith("WARNING")))
     except ConfigError as exc:
         _refuse(str(exc))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import threading
 import uuid
 
 __all__ = ["execution_owner", "process_owner"]
@@ -21,14 +22,29 @@ EXECUTION_MARK = "/"
 _executions = itertools.count(1)  # next() on a count is atomic under the GIL
 
 _owner: tuple[int, str] | None = None
+# Threads that all find no owner yet (a -P threads worker starting its tasks at once) must
+# agree on one: without the lock each made its own, and --owner missed their executions.
+_making = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _making
+    _making = threading.Lock()  # a fork taken while another thread held it leaves it held
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def process_owner() -> str:
     global _owner
     pid = os.getpid()
-    if _owner is None or _owner[0] != pid:
-        _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex}")
-    return _owner[1]
+    owner = _owner
+    if owner is None or owner[0] != pid:
+        with _making:
+            owner = _owner
+            if owner is None or owner[0] != pid:
+                owner = _owner = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex}")
+    return owner[1]
 
 
 def execution_owner() -> str:

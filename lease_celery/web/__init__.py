@@ -20,11 +20,11 @@ __all__ = ["WebApp", "make_app"]
 
 def make_app(store_url: str, *, token: str | None = None, app: Any = None,
              allowed_hosts: Sequence[str] | None = None, refresh: int = 5,
-             secret: str | bytes | None = None) -> WebApp:
+             secret: str | bytes | None = None, protect_reads: bool = False) -> WebApp:
     """The dashboard over the store at ``store_url`` (see :class:`WebApp` for the options).
 
     The store is opened once (connecting lazily) and shared by the requests; ``.close()``
     closes it.
     """
     return WebApp(open_store(store_url), token=token, app=app, allowed_hosts=allowed_hosts,
-                  refresh=refresh, secret=secret)
+                  refresh=refresh, secret=secret, protect_reads=protect_reads)

@@ -49,6 +49,9 @@ __all__ = ["WebApp"]
 logger = logging.getLogger(__name__)
 
 COOKIE = "lease_celery_session"
+#: With ``protect_reads``: the cookie that says this browser's session signed in with the
+#: token (an HMAC of the session id, so any process that knows the secret checks it).
+SIGNED_IN = "lease_celery_signed_in"
 MAX_BODY = 64 * 1024
 #: The shortest operator token accepted.
 MIN_TOKEN = 16
@@ -116,12 +119,14 @@ class WebApp:
     ``lease_sweep_grace``). ``allowed_hosts``: the only host names accepted in the ``Host``
     header (None: the loopback names; ``["*"]``: any). ``refresh``: seconds between reloads of
     the list pages. ``secret``: what the CSRF tokens are signed with (None: derived from the
-    token, so several processes behind one URL accept each other's forms).
+    token, so several processes behind one URL accept each other's forms). ``protect_reads``:
+    every page, not only every action, needs the token: a browser signs in once per session
+    (task args, results and checkpoints are no one else's to read).
     """
 
     def __init__(self, store: Store, *, token: str | None = None, app: Any = None,
                  allowed_hosts: Sequence[str] | None = None, refresh: int = 5,
-                 secret: str | bytes | None = None) -> None:
+                 secret: str | bytes | None = None, protect_reads: bool = False) -> None:
         if token is not None and (not isinstance(token, str) or not token.strip()):
             raise ConfigError("the operator token must be a non-empty string (or None for a "
                               "read-only dashboard)")
@@ -129,7 +134,11 @@ class WebApp:
             raise ConfigError(f"the operator token is {len(token.strip())} characters long; it "
                               f"must have at least {MIN_TOKEN} (e.g. openssl rand -hex 16): "
                               "it is the one secret between the network and every action")
+        if protect_reads and token is None:
+            raise ConfigError("protect_reads needs an operator token: pages open to whoever "
+                              "signs in with it")
         self.store, self.celery_app, self.refresh = store, app, refresh
+        self.protect_reads = protect_reads
         self._token = None if token is None else token.encode("utf-8")
         if secret is not None:
             self._secret = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
@@ -196,6 +205,10 @@ class WebApp:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "") or "/"
         query = _query(environ)
+        if path == "/sign-in" and self.protect_reads:
+            if method != "POST":
+                raise Refused(405, "POST only", "sign in with the form of any page")
+            return self._sign_in(environ, base, query)
         if path in _ACTIONS:
             if method != "POST":
                 raise Refused(405, "POST only", "actions are POST requests from the "
@@ -210,7 +223,10 @@ class WebApp:
                             [("Cache-Control", "max-age=300")])
         session, new = self._session(environ)
         view = pages.View(self.store, base, None if self.read_only else self._csrf(session))
-        page = self._route(view, path, query)
+        if self.protect_reads and not self._signed_in(environ, session):
+            page = pages.sign_in(view, next_path=path)
+        else:
+            page = self._route(view, path, query)
         response = self._page(environ, base, page.title, page.body, status=page.status,
                               refresh=page.refresh)
         if new and not self.read_only:
@@ -255,6 +271,35 @@ class WebApp:
 
     def _csrf(self, session: str) -> str:
         return hmac.new(self._secret, f"csrf:{session}".encode(), hashlib.sha256).hexdigest()
+
+    def _signature(self, session: str) -> str:
+        return hmac.new(self._secret, f"read:{session}".encode(), hashlib.sha256).hexdigest()
+
+    def _signed_in(self, environ: dict[str, Any], session: str) -> bool:
+        for part in environ.get("HTTP_COOKIE", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == SIGNED_IN and hmac.compare_digest(value, self._signature(session)):
+                return True
+        return False
+
+    def _sign_in(self, environ: dict[str, Any], base: str, query: dict[str, str]) -> Response:
+        """The token, once per browser session, for the pages of a ``protect_reads`` app:
+        the same checks as an action (same site, this session's CSRF token, the guess
+        limit), then a cookie that proves it and a link back to the page asked for."""
+        form = _read_form(environ)
+        self._authorize(environ, form)
+        session, _ = self._session(environ)
+        wanted = query.get("next", "/")
+        if not wanted.startswith("/") or wanted.startswith("//"):
+            wanted = "/"  # only a page of this dashboard
+        secure = "; Secure" if environ.get("wsgi.url_scheme") == "https" else ""
+        response = self._page(environ, base, "Signed in", Safe(
+            f'<p class="ok">Signed in for this browser session.</p><p>Back to: '
+            f'{link(url(base, wanted), wanted)}</p>'))
+        response.headers.append(("Set-Cookie", f"{SIGNED_IN}={self._signature(session)}; "
+                                               f"Path={base or '/'}; HttpOnly; "
+                                               f"SameSite=Strict{secure}"))
+        return response
 
     def _authorize(self, environ: dict[str, Any], form: dict[str, str]) -> None:
         """Refuse (403) unless the request is same-site, bound to this browser's session and

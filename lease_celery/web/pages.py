@@ -271,3 +271,16 @@ def key_page(view: View, key: str) -> Page:
         timeline_svg(history, record=record, now=now),
         _event_table(view, history, now, with_key=False)])))
     return Page(f"Key {key}", join(parts), refresh=not forms)
+
+
+def sign_in(view: View, *, next_path: str) -> Page:
+    """The page every other page is with ``protect_reads`` until this browser signed in: a
+    form for the operator token, and nothing of the store."""
+    assert view.csrf is not None
+    return Page("Sign in", Safe(
+        "<p>This dashboard shows its pages only to whoever has the operator token.</p>"
+        f'<form method="post" action="{h(url(view.base, "/sign-in", next=next_path))}" '
+        'id="sign-in" class="action">'
+        f'<input type="hidden" name="csrf" value="{h(view.csrf)}">'
+        '<label>operator token <input type="password" name="token" autocomplete="off">'
+        '</label> <button type="submit">Sign in</button></form>'), refresh=False, status=401)

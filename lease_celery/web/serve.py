@@ -49,17 +49,23 @@ class _Handler(WSGIRequestHandler):
 
 
 def serve(store_url: str, *, host: str = "127.0.0.1", port: int = 8765,
-          token: str | None = None, app: Any = None,
+          token: str | None = None, app: Any = None, protect_reads: bool | None = None,
           announce: Callable[[str], None] = print) -> None:
-    """Serve the dashboard until interrupted. ``port`` 0 picks a free port (announced)."""
+    """Serve the dashboard until interrupted. ``port`` 0 picks a free port (announced).
+    ``protect_reads`` None: on beyond loopback (every page needs the token there)."""
     loopback = is_loopback(host)
+    if protect_reads is None:
+        protect_reads = not loopback
     if not loopback and token is None:
         raise ConfigError(
             f"refusing to serve the dashboard on {host!r}, which is not a loopback address, "
             "without an operator token: anyone who reaches it could read every key, reason "
             "and result. Use --host 127.0.0.1 (and an SSH tunnel or a reverse proxy), or give "
             "--token")
-    web = make_app(store_url, token=token, app=app,
+    if protect_reads and token is None:
+        raise ConfigError("--protect-reads needs --token (or LEASE_WEB_TOKEN): the pages open "
+                          "to whoever signs in with it")
+    web = make_app(store_url, token=token, app=app, protect_reads=protect_reads,
                    allowed_hosts=[*LOOPBACK_NAMES, host] if loopback else ["*"])
     server_class = _Server6 if ":" in host else _Server
     try:
@@ -69,13 +75,17 @@ def serve(store_url: str, *, host: str = "127.0.0.1", port: int = 8765,
         web.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
     shown = f"[{host.strip('[]')}]" if ":" in host else host
-    mode = "read-only (no --token)" if token is None else "actions need the operator token"
+    mode = ("read-only (no --token)" if token is None
+            else "every page and action needs the operator token" if protect_reads
+            else "actions need the operator token")
     announce(f"lease_celery dashboard on http://{shown}:{server.server_address[1]}/ "
              f"({mode}); Ctrl-C stops it")
     if not loopback:
-        announce(f"WARNING: listening on {host}, beyond this machine, over plain HTTP: every "
-                 "page (keys, reasons, results) is readable by whoever reaches the port, and "
-                 "the operator token crosses the network unencrypted. Put the dashboard behind "
+        readable = ("every page needs the operator token, which" if protect_reads else
+                    "every page (keys, reasons, results) is readable by whoever reaches the "
+                    "port, and the operator token")
+        announce(f"WARNING: listening on {host}, beyond this machine, over plain HTTP: "
+                 f"{readable} crosses the network unencrypted. Put the dashboard behind "
                  "a TLS reverse proxy with its own authentication.")
     try:
         server.serve_forever()

@@ -4,6 +4,7 @@ process's owner finds all of its executions, on every store."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -16,7 +17,20 @@ def store(stores: list[Store]) -> Store:
     return stores[0]
 
 
-def test_executions_of_one_process_are_told_apart() -> None:
+def test_executions_of_one_process_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight threads of a fresh process (a -P threads worker starting eight tasks at once)
+    each get an execution of one process owner. The first calls used to race: each thread
+    that found no owner yet made one (CI: the test ran first in its pytest process)."""
+    from lease_celery import identity
+
+    hostname = identity.socket.gethostname
+
+    def slow_hostname() -> str:
+        time.sleep(0.01)  # widens the window between "no owner yet" and "owner made"
+        return hostname()
+
+    monkeypatch.setattr(identity, "_owner", None)
+    monkeypatch.setattr(identity.socket, "gethostname", slow_hostname)
     seen: list[str] = []
     threads = [threading.Thread(target=lambda: seen.append(execution_owner()))
                for _ in range(8)]

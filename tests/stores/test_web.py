@@ -579,3 +579,43 @@ def test_processes_behind_one_url_accept_each_others_forms(sqlite_url: str) -> N
     finally:
         first.close()
         second.close()
+
+
+def test_protect_reads_shows_nothing_before_the_browser_signs_in(sqlite_url: str) -> None:
+    """``protect_reads=True``: every page is a 401 sign-in form that shows nothing of the
+    store (not the key, not its reason) until this browser's session signed in with the
+    token; a wrong token is refused (and counts as a guess); the stylesheet stays open; the
+    sign-in cookie of one session is worthless to another."""
+    with open_store(sqlite_url) as store:
+        lease = store.claim("secret:key", owner="w", ttl=60)
+        assert lease is not None and store.kill(lease, reason="card 4242 declined")
+    web = make_app(sqlite_url, token=TOKEN, protect_reads=True)
+    try:
+        browser = Client(web)
+        for path, query in [("/", {}), ("/dead", {}), ("/key", {"key": "secret:key"})]:
+            page = browser.get(path, **query)
+            assert page.status == 401, (path, page.status)
+            assert "secret:key" not in page.text and "4242" not in page.text
+            assert 'id="sign-in"' in page.text
+        assert browser.get("/static/dashboard.css").status == 200
+        csrf = browser.get("/dead").csrf()
+        wrong = browser.request("POST", "/sign-in", {"next": "/dead"},
+                                {"csrf": csrf, "token": "not-the-token-at-all"})
+        assert wrong.status == 403 and browser.get("/dead").status == 401
+        session = browser.cookie
+        signed = browser.request("POST", "/sign-in", {"next": "/dead"},
+                                 {"csrf": csrf, "token": TOKEN})
+        assert signed.status == 200, signed.text
+        cookie = signed.header("Set-Cookie") or ""
+        assert cookie.startswith("lease_celery_signed_in=") and "HttpOnly" in cookie
+        browser.cookie = f"{session}; {cookie.split(';', 1)[0]}"
+        page = browser.get("/dead")
+        assert page.status == 200 and "4242" in page.text
+        stranger = Client(web)
+        stranger.get("/")
+        stranger.cookie = f"{stranger.cookie}; {cookie.split(';', 1)[0]}"
+        assert stranger.get("/dead").status == 401
+    finally:
+        web.close()
+    with pytest.raises(ConfigError, match="protect_reads needs an operator token"):
+        make_app(sqlite_url, protect_reads=True)

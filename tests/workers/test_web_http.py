@@ -3,6 +3,7 @@ server (``python -m lease_celery -A tests.support.worker_app --store URL web --p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -20,31 +21,38 @@ from tests.support.policy_helpers import REPO
 TOKEN = "http-test-token-0123456789"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """The real CLI server on a free loopback port: (host, port), read from its first line."""
-    folder: Path = tmp_path_factory.mktemp("web-http")
+@contextlib.contextmanager
+def _served(folder: Path, *options: str) -> Iterator[tuple[int, str]]:
+    """The real CLI server (``web --port 0 --token T *options``) on a SQLite store holding a
+    dead key: (port, its first line)."""
     url = f"sqlite:///{folder}/leases.sqlite3"
     with open_store(url) as store:
-        assert store.get("nothing") is None  # the file and its schema exist
+        lease = store.claim("secret:key", owner="w", ttl=60)
+        assert lease is not None and store.kill(lease, reason="card 4242 declined")
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     log = folder / "server.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "lease_celery", "-A", "tests.support.worker_app",
-             "--store", url, "web", "--port", "0", "--token", TOKEN],
+             "--store", url, "web", "--port", "0", "--token", TOKEN, *options],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=folder)
     try:
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], 20)
         line = process.stdout.readline() if ready else ""
-        assert "dashboard on http://127.0.0.1:" in line, (line, log.read_text())
-        port = int(line.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
-        yield "127.0.0.1", port
+        assert "dashboard on http://" in line, (line, log.read_text())
+        yield int(line.split("/ (", 1)[0].rsplit(":", 1)[1]), line
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """The real CLI server on a free loopback port: (host, port)."""
+    with _served(tmp_path_factory.mktemp("web-http")) as (port, _):
+        yield "127.0.0.1", port
 
 
 def _ask(address: tuple[str, int], head: str, *, within: float) -> str:
@@ -85,3 +93,17 @@ def test_a_form_without_content_length_is_answered_400(server: tuple[str, int]) 
                          "Content-Type: application/x-www-form-urlencoded\r\n\r\n", within=2.0)
     assert reply.split(" ", 2)[1] == "400", reply[:300]
     assert "Content-Length" in reply
+
+
+@pytest.mark.parametrize("options", [("--protect-reads",), ("--host", "0.0.0.0")],
+                         ids=["asked-for", "beyond-loopback"])
+def test_protected_pages_over_http_show_nothing_without_the_token(
+        tmp_path: Path, options: tuple[str, ...]) -> None:
+    """``web --protect-reads``, and ``web --host 0.0.0.0`` (on by default beyond loopback):
+    a page is a 401 sign-in form with nothing of the store on it."""
+    with _served(tmp_path, *options) as (port, line):
+        assert "every page and action needs the operator token" in line, line
+        reply = _ask(("127.0.0.1", port), f"GET /dead HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                          "Connection: close\r\n\r\n", within=5.0)
+        assert reply.split(" ", 2)[1] == "401", reply[:300]
+        assert "secret:key" not in reply and "4242" not in reply and "sign-in" in reply
