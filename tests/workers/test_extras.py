@@ -455,3 +455,17 @@ def test_the_tools_name_a_missing_extra_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out["stderr"]
     messages = " ".join(f["message"] for f in out["findings"])
     assert "lease_store_url" in messages and "pip install 'lease-celery[postgres]'" in messages
+
+
+def test_the_dashboard_beyond_loopback_without_waitress_names_the_web_extra() -> None:
+    """Without waitress, ``web --host 0.0.0.0`` is refused with one message naming
+    ``pip install 'lease-celery[web]'``: the stdlib's server would hold a thread per open
+    connection, on a network."""
+    out = without("waitress", """
+        from lease_celery.web.serve import serve
+        out['error'] = raised(lambda: serve('sqlite://', host='0.0.0.0', port=0,
+                                            token='x' * 16, announce=lambda line: None))
+        """)
+    error = out["error"]
+    assert error is not None and not error["import_error"], error
+    assert "pip install 'lease-celery[web]'" in error["message"], error
