@@ -313,6 +313,16 @@ class Store(abc.ABC):
         """The last ``limit`` events of ``key``, oldest first."""
         return self._history(check_key(key), check_limit(limit))
 
+    def history_many(self, keys: Sequence[str], *,
+                     limit: int = 100) -> dict[str, list[HistoryEntry]]:
+        """:meth:`history` of each of ``keys`` in one read: ``{key: its last limit events,
+        oldest first}``, ``[]`` for a key without events."""
+        wanted = sorted({check_key(key) for key in keys})
+        if not wanted:
+            return {}
+        found = self._history_many(wanted, check_limit(limit))
+        return {key: found.get(key, []) for key in wanted}
+
     def recent_history(self, *, events: Sequence[str] | None = None,
                        limit: int = 100) -> list[HistoryEntry]:
         """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
@@ -481,6 +491,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _history(self, key: str, limit: int) -> list[HistoryEntry]:
         """The last ``limit`` events of ``key``, oldest first."""
+
+    @abc.abstractmethod
+    def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
+        """The last ``limit`` events of each of ``keys`` (at least one), oldest first, in one
+        read; keys without events may be left out."""
 
     @abc.abstractmethod
     def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:

@@ -27,7 +27,13 @@ from ..extras import needs
 from ..models import EffectState, HistoryEntry, Lease, LeaseState
 from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
-from .sql_glue import SCHEMA_VERSION, PerProcess, check_schema_version, purge_in_batches
+from .sql_glue import (
+    SCHEMA_VERSION,
+    PerProcess,
+    check_schema_version,
+    grouped,
+    purge_in_batches,
+)
 from .urls import choice_option, number_option, server_address, url_options, whole_option
 
 with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres"):
@@ -347,6 +353,10 @@ class PostgresStore(Store):
     def _history(self, key: str, limit: int) -> list[HistoryEntry]:
         return [HistoryEntry(**row)
                 for row in self._rows("history_of", {"key": key, "limit": limit})]
+
+    def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
+        return grouped(HistoryEntry(**row)
+                       for row in self._rows("history_many", {"keys": keys, "limit": limit}))
 
     def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
         return [HistoryEntry(**row)

@@ -4,13 +4,15 @@ connection (or pool) that belongs to one process, and retention's batches."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from ..errors import StoreError
+from ..models import HistoryEntry
 from .base import PURGE_BATCH
 
-__all__ = ["SCHEMA_VERSION", "PerProcess", "check_schema_version", "purge_in_batches"]
+__all__ = ["SCHEMA_VERSION", "PerProcess", "check_schema_version", "grouped",
+           "purge_in_batches"]
 
 #: The schema both SQL stores create and migrate to (see their ``_migrate``/``migrate_*``):
 #: 1 leases and effects; 2 the settle phase and the sweeper's index; 3 checkpoints and
@@ -67,3 +69,11 @@ def purge_in_batches(batch: Callable[[int], int], limit: int | None) -> int:
         purged = batch(size)
         total += purged
     return total
+
+
+def grouped(entries: Iterable[HistoryEntry]) -> dict[str, list[HistoryEntry]]:
+    """History entries (ordered by key, then time) as ``{key: its entries}``."""
+    out: dict[str, list[HistoryEntry]] = {}
+    for entry in entries:
+        out.setdefault(entry.key, []).append(entry)
+    return out

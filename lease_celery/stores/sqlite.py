@@ -25,7 +25,13 @@ from ..errors import ConfigError, StoreBusy, StoreError
 from ..models import EffectState, HistoryEntry, Lease, LeaseState
 from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
-from .sql_glue import SCHEMA_VERSION, PerProcess, check_schema_version, purge_in_batches
+from .sql_glue import (
+    SCHEMA_VERSION,
+    PerProcess,
+    check_schema_version,
+    grouped,
+    purge_in_batches,
+)
 from .urls import number_option, url_options
 
 __all__ = ["SQLiteStore"]
@@ -339,6 +345,11 @@ class SQLiteStore(Store):
         rows = self._read(lambda conn: conn.execute(
             _Q["history_of"], {"key": key, "limit": limit}).fetchall())
         return [HistoryEntry(**dict(row)) for row in rows]
+
+    def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
+        rows = self._read(lambda conn: conn.execute(
+            _Q["history_many"], {"keys": json.dumps(keys), "limit": limit}).fetchall())
+        return grouped(HistoryEntry(**dict(row)) for row in rows)
 
     def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
         params = {"events": None if events is None else json.dumps(events), "limit": limit}

@@ -52,9 +52,9 @@ def _section(title: str, body: Safe, more: str | None = None, view: View | None 
 
 # -- rows, shared by the overview and the full lists ---------------------------------------------
 
-def _claimed_at(store: Store, record: LeaseRecord) -> float | None:
+def _claimed_at(record: LeaseRecord, history: Sequence[HistoryEntry]) -> float | None:
     """When the running generation was claimed (from the key's history), if recorded."""
-    for entry in reversed(store.history(record.key, limit=20)):
+    for entry in reversed(history):
         if entry.token == record.token and entry.event in ("claimed", "taken_over"):
             return entry.at
     return None
@@ -62,8 +62,10 @@ def _claimed_at(store: Store, record: LeaseRecord) -> float | None:
 
 def _running_table(view: View, records: Sequence[LeaseRecord], now: float) -> Safe:
     rows = []
+    # One read for every row's history (one per row was an N+1 at ?limit=1000).
+    histories = view.store.history_many([r.key for r in records], limit=20)
     for r in records:
-        started = _claimed_at(view.store, r)
+        started = _claimed_at(r, histories.get(r.key, []))
         expiry: object = "–"
         if r.expires_at is not None:
             left = r.expires_at - now

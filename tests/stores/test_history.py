@@ -156,3 +156,19 @@ def test_a_runs_events_reach_the_history_and_are_printed_by_the_cli(sqlite_url: 
     assert "operator:requeue" in shown.output and "via the CLI" in shown.output
     missing = runner.invoke(leases, ["--store", sqlite_url, "history", "nope"], obj=named)
     assert missing.exit_code == 1 and "no history" in missing.output
+
+
+def test_history_many_reads_the_histories_of_many_keys_in_one_call(store: Store) -> None:
+    """``history_many(keys, limit=n)`` gives each key what ``history(key, limit=n)`` gives,
+    oldest first, and ``[]`` for a key without events: what the dashboard's /running page
+    reads for all its rows at once (one history query per row before)."""
+    keys = [f"many:{n}" for n in range(4)]
+    for n, key in enumerate(keys[:3]):
+        for event in range(n + 2):
+            store.record_history(key, f"e{event}", owner="w", token=event)
+    got = store.history_many([*keys, keys[0]], limit=3)
+    assert set(got) == set(keys)
+    for key in keys:
+        assert got[key] == store.history(key, limit=3), key
+    assert got["many:3"] == [] and [e.event for e in got["many:2"]] == ["e1", "e2", "e3"]
+    assert store.history_many([], limit=3) == {}

@@ -240,6 +240,7 @@ RECIPES: dict[str, Callable[[Store], object]] = {
         [HistoryEntry("walk:1", 1.0, "claimed", "walker", 1, 1)]),
     "record_history": lambda s: s.record_history("walk:1", "operator:walk", detail="walk"),
     "history": lambda s: s.history("walk:1"),
+    "history_many": lambda s: s.history_many(["walk:1", "walk:2"]),
     "recent_history": lambda s: s.recent_history(events=["claimed"]),
     "prune_history": lambda s: s.prune_history(60.0),
     "force_release": lambda s: s.force_release("walk:1", reason="walk"),

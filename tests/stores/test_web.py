@@ -619,3 +619,20 @@ def test_protect_reads_shows_nothing_before_the_browser_signs_in(sqlite_url: str
         web.close()
     with pytest.raises(ConfigError, match="protect_reads needs an operator token"):
         make_app(sqlite_url, protect_reads=True)
+
+
+def test_the_running_page_reads_every_rows_history_at_once(
+        sqlite_app: tuple[Store, WebApp], monkeypatch: pytest.MonkeyPatch) -> None:
+    """/running with 30 rows: one history read for all of them (it was one per row)."""
+    store, app = sqlite_app
+    for n in range(30):
+        assert store.claim(f"run:{n}", owner="w", ttl=600) is not None
+    calls: list[str] = []
+    for name in ("history", "history_many"):
+        real = getattr(app.store, name)
+        monkeypatch.setattr(app.store, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name)
+                            or _real(*a, **k))
+    page = Client(app).get("/running", limit="100")
+    assert page.status == 200 and page.text.count('href="/key?key=run%3A') == 30
+    assert calls == ["history_many"], calls

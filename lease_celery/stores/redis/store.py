@@ -107,7 +107,7 @@ class RedisStore(Store):
     def _failed(self, exc: Exception) -> StoreError:
         return StoreError(f"redis lease store at {self._where}: {exc}")
 
-    # Every command the store sends runs in one of these four (scripts through _call):
+    # Every command the store sends runs in one of these five (scripts through _call):
     # each turns redis-py's errors into a StoreError naming the server.
 
     @_server_errors
@@ -121,6 +121,14 @@ class RedisStore(Store):
     @_server_errors
     def _lrange(self, name: str, start: int, end: int) -> list[str]:
         return [str(item) for item in self._client.lrange(name, start, end)]
+
+    @_server_errors
+    def _lrange_many(self, names: Sequence[str], start: int, end: int) -> list[list[str]]:
+        """LRANGE of each list, in one round trip (a pipeline without MULTI)."""
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.lrange(name, start, end)
+        return [[str(item) for item in items] for items in pipe.execute()]
 
     @_server_errors
     def _scan(self, head: str) -> list[str]:
@@ -313,6 +321,11 @@ class RedisStore(Store):
 
     def _history(self, key: str, limit: int) -> list[HistoryEntry]:
         return self._history_list(f"{self.prefix}history:{key}", -limit, -1)
+
+    def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
+        lists = self._lrange_many([f"{self.prefix}history:{key}" for key in keys], -limit, -1)
+        return {key: [HistoryEntry(**json.loads(item)) for item in items]
+                for key, items in zip(keys, lists, strict=True)}
 
     def _recent_history(self, events: list[str] | None, limit: int) -> list[HistoryEntry]:
         entries = self._history_list(f"{self.prefix}history", 0, HISTORY_RECENT - 1)

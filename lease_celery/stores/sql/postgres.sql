@@ -164,6 +164,14 @@ SELECT key, at, event, owner, token, fence, detail FROM (
     ORDER BY at DESC, id DESC LIMIT %(limit)s) AS h
 ORDER BY at, id
 
+-- name: history_many
+-- history_of for every key of %(keys)s at once (the dashboard's /running page).
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT *, row_number() OVER (PARTITION BY key ORDER BY at DESC, id DESC) AS r
+    FROM {schema}.lease_celery_history WHERE key = ANY(%(keys)s::text[])) AS h
+WHERE r <= %(limit)s
+ORDER BY key, at, id
+
 -- name: history_recent
 SELECT key, at, event, owner, token, fence, detail FROM (
     SELECT * FROM {schema}.lease_celery_history

@@ -145,6 +145,14 @@ SELECT key, at, event, owner, token, fence, detail FROM (
     ORDER BY at DESC, rowid DESC LIMIT :limit)
 ORDER BY at, n
 
+-- name: history_many
+-- history_of for every key of the JSON array :keys at once (the dashboard's /running page).
+SELECT key, at, event, owner, token, fence, detail FROM (
+    SELECT rowid AS n, *, row_number() OVER (PARTITION BY key ORDER BY at DESC, rowid DESC) AS r
+    FROM lease_celery_history WHERE key IN (SELECT value FROM json_each(:keys)))
+WHERE r <= :limit
+ORDER BY key, at, n
+
 -- name: history_recent
 SELECT key, at, event, owner, token, fence, detail FROM (
     SELECT rowid AS n, * FROM lease_celery_history
