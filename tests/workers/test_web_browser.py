@@ -10,12 +10,14 @@ chromium, chromedriver or selenium these tests fail under CI=true and skip elsew
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,10 +63,10 @@ def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield url
 
 
-@pytest.fixture(scope="module")
-def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def _serve(store_url: str, folder: Path, *options: str) -> Iterator[str]:
     """The real CLI server on a free loopback port; its URL is read from its first line."""
-    log = tmp_path_factory.mktemp("web-log") / "server.log"
+    log = folder / "server.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with log.open("w") as stderr:
@@ -72,8 +74,8 @@ def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             [sys.executable, "-m", "lease_celery", "-A", "tests.support.worker_app",
              "--store", store_url,
              "web", "--port", "0",
-             "--token", TOKEN], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-            cwd=log.parent)
+             "--token", TOKEN, *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env=env, cwd=log.parent)
     try:
         assert server.stdout is not None
         ready, _, _ = select.select([server.stdout], [], [], 20)
@@ -83,6 +85,12 @@ def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _serve(store_url, tmp_path_factory.mktemp("web-log")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +201,27 @@ def test_an_action_without_the_token_is_refused(browser: Any, base_url: str,
         assert receipt is not None and receipt.state is EffectState.NEEDS_RECONCILIATION
         assert [e for e in store.history("refund:42") if e.event.startswith("operator:")] == []
 
+
+
+def test_protected_reads_sign_in_then_show_the_page(browser: Any, store_url: str,
+                                                    tmp_path: Path) -> None:
+    """``web --protect-reads``: the dead-keys page is a sign-in form without the key on it;
+    a wrong token is refused; the right one signs this browser in, and the link back shows
+    the dead key (as text: nothing ran)."""
+    from selenium.webdriver.common.by import By
+
+    with _serve(store_url, tmp_path, "--protect-reads") as base:
+        browser.delete_all_cookies()
+        browser.get(base + "/dead")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Sign in"
+        assert "nightly:" not in browser.page_source
+        for token, title in ((TOKEN[:-1], "Wrong operator token"), (TOKEN, "Signed in")):
+            browser.get(base + "/dead")
+            form = browser.find_element(By.ID, "sign-in")
+            form.find_element(By.NAME, "token").send_keys(token)
+            _click_and_load(browser, form.find_element(By.TAG_NAME, "button"))
+            assert browser.find_element(By.TAG_NAME, "h1").text == title
+        _click_and_load(browser, browser.find_element(By.LINK_TEXT, "/dead"))
+        text = browser.find_element(By.TAG_NAME, "main").text
+        assert DEAD_KEY in text and DEAD_REASON in text, text
+        _no_script_ran(browser)
