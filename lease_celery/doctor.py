@@ -356,7 +356,7 @@ def _store(url: str) -> list[Finding]:
                         f"lease store {redact(url)} cannot be used: {exc}")]
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
-        return _redis_eviction(url)
+        return _redis_store(url)
     if scheme != "sqlite":
         return found
     path = unquote(urlsplit(url).path)[1:]
@@ -410,10 +410,15 @@ def _consumer_timeout(app: Any, tasks: list[Any]) -> list[Finding]:
         "(rabbitmq.conf, in ms), or a task time limit below it")]
 
 
-def _redis_eviction(url: str) -> list[Finding]:
-    """The Redis store's ``maxmemory-policy``: an evicted lease row or token counter lets a key
-    run again with its tokens restarted. ``noeviction`` is safe, and so is ``volatile-*``:
-    lease keys never expire, so those policies never pick them."""
+#: What a Redis store loses when its server forgets acknowledged writes.
+_REDIS_LOSS = ("token counters restart at 1, rows of running leases and effect receipts "
+               "vanish: a second worker is granted a key a live owner holds, and an effect runs "
+               "again")
+
+
+def _redis_store(url: str) -> list[Finding]:
+    """The Redis store's server, read with CONFIG GET and INFO: eviction, persistence and
+    replication, each of which can make it forget acknowledged writes."""
     import redis
 
     parts = urlsplit(url)
@@ -423,12 +428,63 @@ def _redis_eviction(url: str) -> list[Finding]:
         urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), "")),
         socket_connect_timeout=5, socket_timeout=5, decode_responses=True)
     try:
-        config: dict[Any, Any] = client.config_get("maxmemory*")
-        refused = "no maxmemory-policy in the reply"
-    except redis.RedisError as exc:  # CONFIG renamed away, or refused by an ACL
-        config, refused = {}, str(exc)
+        config: dict[Any, Any] = {}
+        refused = ""
+        try:
+            for pattern in ("maxmemory*", "append*", "min-replicas-to-write"):
+                config.update(client.config_get(pattern))
+        except redis.RedisError as exc:  # CONFIG renamed away, or refused by an ACL
+            refused = str(exc)
+        try:
+            replicas = int(client.info("replication").get("connected_slaves") or 0)
+        except redis.RedisError:
+            replicas = 0
     finally:
         client.close()
+    return [*_redis_eviction(config, refused or "no maxmemory-policy in the reply", where),
+            *_redis_persistence(config, refused or "no appendonly in the reply", where),
+            *_redis_replicas(config, replicas, where)]
+
+
+def _redis_persistence(config: dict[Any, Any], refused: str, where: str) -> list[Finding]:
+    """A restart keeps what the AOF fsynced: every write with ``appendfsync always``."""
+    advice = "Set appendonly yes with appendfsync always"
+    appendonly, fsync = config.get("appendonly"), config.get("appendfsync")
+    if appendonly is None:
+        return [Finding("store.redis_persistence", "warning", "ownership",
+                        f"could not check the Redis lease store's ({where}) persistence "
+                        f"(CONFIG GET: {refused}); a server that restarts without its "
+                        f"acknowledged writes loses leases: {_REDIS_LOSS}. {advice}")]
+    if appendonly != "yes":
+        return [Finding("store.redis_persistence", "warning", "ownership",
+                        f"the Redis lease store ({where}) runs with appendonly no: a restart "
+                        "loses every write since the last RDB snapshot (all of them without "
+                        f"one): {_REDIS_LOSS}. {advice}")]
+    if fsync != "always":
+        lost = ("up to a second of acknowledged writes" if fsync == "everysec"
+                else "what the operating system had not yet written to disk")
+        return [Finding("store.redis_persistence", "warning", "ownership",
+                        f"the Redis lease store ({where}) runs with appendfsync {fsync}: a "
+                        f"crash of its host loses {lost}: {_REDIS_LOSS}. {advice}")]
+    return []
+
+
+def _redis_replicas(config: dict[Any, Any], replicas: int, where: str) -> list[Finding]:
+    """Replication is asynchronous: a failover to a replica that lags loses writes."""
+    if not replicas or int(config.get("min-replicas-to-write") or 0) > 0:
+        return []
+    return [Finding(
+        "store.redis_replicas", "warning", "ownership",
+        f"the Redis lease store ({where}) has {replicas} replica(s) and "
+        "min-replicas-to-write 0: a failover to a replica that had not received the latest "
+        f"writes loses them: {_REDIS_LOSS}. Set min-replicas-to-write (and "
+        "min-replicas-max-lag), or use PostgreSQL for fencing that survives a failover")]
+
+
+def _redis_eviction(config: dict[Any, Any], refused: str, where: str) -> list[Finding]:
+    """The Redis store's ``maxmemory-policy``: an evicted lease row or token counter lets a key
+    run again with its tokens restarted. ``noeviction`` is safe, and so is ``volatile-*``:
+    lease keys never expire, so those policies never pick them."""
     policy = config.get("maxmemory-policy")
     advice = "Set maxmemory-policy noeviction (or volatile-*: lease keys never expire)"
     if not policy:

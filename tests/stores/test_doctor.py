@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -287,10 +288,15 @@ def _free_port() -> int:
         return port
 
 
+#: What a durable Redis store runs with: the persistence check passes, the others speak.
+DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
+
+
 @contextmanager
 def private_redis(tmp_path: Path, *options: str) -> Iterator[str]:
-    """A redis-server of this test's own (loopback, nothing on disk) started with ``options``;
-    yields a lease store URL on it."""
+    """A redis-server of this test's own (loopback, files in the test's folder) started with
+    ``options`` (after ``--save ""`` and ``--appendonly no``); yields a lease store URL on
+    it."""
     binary = shutil.which("redis-server")
     require("redis-server", binary is not None, "no redis-server on PATH")
     assert binary is not None
@@ -338,7 +344,7 @@ def test_redis_store_maxmemory_policy(tmp_path: Path, options: tuple[str, ...],
     own: an allkeys-* policy evicts lease rows and token counters (an error once maxmemory is
     set, a warning while there is no limit); CONFIG renamed away (as managed Redis does) is
     said to be unchecked; noeviction and volatile-* (lease keys never expire) pass."""
-    with private_redis(tmp_path, *options) as url:
+    with private_redis(tmp_path, *DURABLE, *options) as url:
         found = by_code(diagnose(make_app(url)))
     eviction = {c: f for c, f in found.items() if c.startswith("store.redis_eviction")}
     if code is None:
@@ -352,7 +358,57 @@ def test_redis_store_maxmemory_policy(tmp_path: Path, options: tuple[str, ...],
     assert "ownership.ok" not in found
 
 
-def test_shared_test_redis_store_passes(redis_store_url: str) -> None:
+def test_shared_test_redis_store_passes_the_eviction_check(redis_store_url: str) -> None:
     """The suite's own Redis (noeviction, Redis's default) passes the eviction check."""
     found = by_code(diagnose(make_app(redis_store_url)))
-    assert not [c for c in found if c.startswith("store.")] and "ownership.ok" in found
+    assert not [c for c in found if c.startswith("store.redis_eviction")]
+
+
+#: (redis-server options, severity of store.redis_persistence or None, words in its message)
+PERSISTENCE: list[tuple[tuple[str, ...], str | None, str]] = [
+    ((), "warning", "appendonly no"),
+    (("--appendonly", "yes", "--appendfsync", "everysec"), "warning", "appendfsync everysec"),
+    (("--appendonly", "yes", "--appendfsync", "no"), "warning", "appendfsync no"),
+    (("--rename-command", "CONFIG", ""), "warning", "could not check"),
+    (DURABLE, None, ""),
+]
+
+
+@pytest.mark.parametrize(("options", "severity", "words"), PERSISTENCE,
+                         ids=["no-aof", "everysec", "fsync-no", "config-disabled", "always"])
+def test_redis_store_persistence(tmp_path: Path, options: tuple[str, ...],
+                                 severity: str | None, words: str) -> None:
+    """A Redis store that a restart can roll back (no AOF, or an AOF not fsynced on every
+    write) is a warning naming what is lost: token counters restart at 1, rows of running
+    leases and receipts vanish. appendonly yes with appendfsync always passes."""
+    with private_redis(tmp_path, *options) as url:
+        found = by_code(diagnose(make_app(url)))
+    persistence = found.get("store.redis_persistence")
+    if severity is None:
+        assert persistence is None and "ownership.ok" in found
+        return
+    assert persistence is not None and persistence.severity == severity, found
+    assert words in persistence.message
+    if words != "could not check":
+        assert "token counters restart" in persistence.message
+        assert "appendonly yes" in persistence.message and "appendfsync always" in \
+            persistence.message
+
+
+def test_a_replica_without_min_replicas_to_write_is_named(tmp_path: Path) -> None:
+    """A durable primary with a replica attached and min-replicas-to-write 0: a failover may
+    lose the writes the replica had not received; the finding says so."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    with private_redis(tmp_path / "primary", *DURABLE) as url:
+        port = urlsplit(url).port
+        with private_redis(tmp_path / "replica", "--replicaof", "127.0.0.1", str(port)):
+            client = redis.Redis(port=port)
+            deadline = time.monotonic() + 10
+            while client.info("replication").get("connected_slaves", 0) < 1:
+                assert time.monotonic() < deadline, "the replica never connected"
+                time.sleep(0.1)
+            found = by_code(diagnose(make_app(url)))
+    replica = found.get("store.redis_replicas")
+    assert replica is not None and replica.severity == "warning", found
+    assert "min-replicas-to-write" in replica.message and "failover" in replica.message
