@@ -286,6 +286,15 @@ class LeasedTask(AttemptEnding):
         lease = store.claim_settlement(record.key, owner=owner, ttl=settings.ttl)
         if lease is None:
             return
+        if record.state is LeaseState.DONE and self._success_stored():
+            # The owner was slow, not dead: Celery stored its SUCCESS, and sends callbacks
+            # before it stores a success, so only the confirmation is missing. Writing the
+            # outcome again would be a second result write by a live pair of workers.
+            logger.info("lease %s is done and Celery stored the outcome of task %s: delivery "
+                        "%s confirms the settlement (token %s)", record.key, self.request.id,
+                        self.request.id, lease.token)
+            store.settle(lease)
+            raise Ignore()
         logger.warning("lease %s is %s but its owner %s died before Celery stored the outcome:"
                        " delivery %s completes it (token %s)", record.key, record.state.value,
                        record.owner, self.request.id, lease.token)
@@ -296,6 +305,19 @@ class LeasedTask(AttemptEnding):
                              sent_at=sent_at, task=self)
         handle._settling = True
         raise _Completion(handle, record)
+
+    def _success_stored(self) -> bool:
+        """Does Celery's result backend hold this task id's SUCCESS? (False when results are
+        not stored, or the backend cannot say.)"""
+        if self.request.is_eager or getattr(self.request, "ignore_result", False) \
+                or self.ignore_result or self.backend.__class__.__name__ == "RPCBackend":
+            return False  # rpc:// answers PENDING inside a worker: it cannot tell
+        try:
+            return bool(self.AsyncResult(self.request.id).state == "SUCCESS")
+        except Exception:  # a backend that cannot answer: complete as if nothing was stored
+            logger.debug("lease_celery: the result backend could not say whether task %s "
+                         "succeeded", self.request.id, exc_info=True)
+            return False
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
                sent_at: float) -> LeaseHandle:

@@ -7,8 +7,10 @@ deadline the heartbeat keeps alive. Celery then sends callbacks and stores the o
 in a batched write. If the owner dies before confirming, its renewals stop, the deadline
 passes, and a delivery of the same task id (the broker's redelivery or the sweeper's
 re-publish) completes the key: it stores the accepted outcome and sends the callbacks again.
-The result backend is never asked whether the task finished (``rpc://`` answers PENDING
-inside a worker): the row is the record.
+The row is the record: the result backend is asked only by a delivery that took a settlement
+over, whether Celery stored the task's SUCCESS already (the owner was slow, not dead: then it
+only confirms the settlement). ``rpc://`` answers PENDING inside a worker, so with it the
+delivery stores the outcome again.
 
 Callbacks are therefore sent at least once. So that a re-sent callback is recognisable, every
 ``link`` and ``link_error`` signature without a task id gets one derived from this task's id
