@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from celery import Task
 from celery.exceptions import Ignore
 
 from . import signals
@@ -35,7 +36,7 @@ from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
-from .execution.settle import confirm_stored, freeze_links
+from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
@@ -306,11 +307,28 @@ class LeasedTask(AttemptEnding):
         handle._settling = True
         raise _Completion(handle, record)
 
+    @property
+    def backend(self) -> Any:
+        """Celery's result backend; for an owner whose settle deadline passed on its own clock
+        (it stalled before Celery stored the outcome), behind ``SettlementCheck``. Otherwise
+        the backend itself: the normal path costs nothing."""
+        backend = Task.backend.fget(self)
+        handle = getattr(self.request, "lease", None)
+        if (isinstance(handle, LeaseHandle) and handle._settling
+                and time.monotonic() >= handle._local_deadline):
+            return SettlementCheck(backend, handle)
+        return backend
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        self._backend = value
+
     def _success_stored(self) -> bool:
         """Does Celery's result backend hold this task id's SUCCESS? (False when results are
         not stored, or the backend cannot say.)"""
         if self.request.is_eager or getattr(self.request, "ignore_result", False) \
-                or self.ignore_result or self.backend.__class__.__name__ == "RPCBackend":
+                or self.ignore_result \
+                or Task.backend.fget(self).__class__.__name__ == "RPCBackend":
             return False  # rpc:// answers PENDING inside a worker: it cannot tell
         try:
             return bool(self.AsyncResult(self.request.id).state == "SUCCESS")

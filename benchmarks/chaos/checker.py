@@ -28,14 +28,14 @@ The checks (each is a promise of README.md / DESIGN.md §1, §6):
     ``done``/``dead``), or the callback's message is the broker's (held or lost, as for
     ``lost``).
 ``double_result_write``
-    A LeasedTask's outcome (``task_success`` / ``task_failure``; the job and the LeasedTask
-    callback, not the plain callback, which is at-least-once) was written at most once per task
-    id while its first writer was alive. The rule for "alive": the first writer's pid had not been
-    killed before the second write, as the event log says: a ``kill`` fault (its group's
-    pids), a ``sweep_kill`` (its group: the main pid and the pool children whose
-    ``process_init`` named it as parent), a ``finish_exit`` (that pid), or a ``worker_exit``
-    the supervisor noticed. Fault events are recorded before the kill, so a process is never
-    judged dead while it could still write; a SIGSTOPped process is alive.
+    A LeasedTask's outcome (the backend's ``mark_as_done`` / ``mark_as_failure``; the job and
+    the LeasedTask callback, not the plain callback, which is at-least-once) was written at most
+    once per task id while its first writer was alive. The rule for "alive": the first writer's
+    pid had not been killed before the second write, as the event log says: a ``kill`` fault
+    (its group's pids), a ``sweep_kill`` (its group: the main pid and the pool children whose
+    ``process_init`` named it as parent), a ``finish_exit`` (that pid), or a ``worker_exit`` the
+    supervisor noticed. Fault events are recorded before the kill, so a process is never judged
+    dead while it could still write; a SIGSTOPped process is alive.
 ``backend_mismatch``
     The result backend tells the row's story: a ``done`` row has SUCCESS with the row's token
     for at least one of its task ids, and no FAILURE; a ``dead`` row has a FAILURE and no

@@ -2,10 +2,9 @@
 
 Recording (into the event log): the lease signals (with key, token, owner, and the task id
 when the signal is sent from the task's own thread), Celery's ``task_received`` (the worker's
-consumer got the message and kombu holds it as unacked), ``task_success`` and
-``task_failure`` as ``result_write`` events (they are sent right after the result backend
-write), ``worker_ready`` (main process) and ``process_init`` (each pool child, with its
-parent's pid, so the checker knows which processes a group kill ended).
+consumer got the message and kombu holds it as unacked), the result backend's own writes
+as ``result_write`` events, ``worker_ready`` (main process) and ``process_init`` (each pool
+child, with its parent's pid, so the checker knows which processes a group kill ended).
 
 Faults (armed by the harness with :class:`~benchmarks.chaos.flags.Flags` tickets):
 
@@ -154,22 +153,37 @@ def _record_celery(events: EventLog) -> None:
                       parent_id=getattr(request, "parent_id", None),
                       root_id=getattr(request, "root_id", None))
 
-    def success(sender: Any = None, result: Any = None, **_: Any) -> None:
-        token = result.get("token") if isinstance(result, dict) else None
-        events.record("result_write", state="SUCCESS", token=token, **_task_fields(sender))
-
-    def failure(sender: Any = None, task_id: str | None = None,
-                exception: BaseException | None = None, **_: Any) -> None:
-        fields = _task_fields(sender)
-        fields["task_id"] = task_id or fields["task_id"]
-        events.record("result_write", state="FAILURE", exception=repr(exception)[:500],
-                      **fields)
-
     celery_signals.worker_ready.connect(ready, weak=False)
     celery_signals.worker_process_init.connect(process_init, weak=False)
     celery_signals.task_received.connect(received, weak=False)
-    celery_signals.task_success.connect(success, weak=False)
-    celery_signals.task_failure.connect(failure, weak=False)
+    _record_result_writes(events)
+
+
+def _record_result_writes(events: EventLog) -> None:
+    """The result backend's own writes (``mark_as_done`` / ``mark_as_failure``, wrapped on
+    Celery's base backend class) as ``result_write`` events. Not ``task_success``: Celery sends
+    it after a write lease_celery withheld too (an owner that stalled past its settle deadline
+    while another delivery completed the key stores nothing)."""
+    from celery import current_task
+    from celery.backends.base import BaseBackend
+
+    done, failed = BaseBackend.mark_as_done, BaseBackend.mark_as_failure
+
+    def mark_as_done(backend: Any, task_id: str, result: Any, *args: Any, **kwargs: Any) -> Any:
+        written = done(backend, task_id, result, *args, **kwargs)
+        token = result.get("token") if isinstance(result, dict) else None
+        events.record("result_write", state="SUCCESS", token=token,
+                      **{**_task_fields(current_task), "task_id": task_id})
+        return written
+
+    def mark_as_failure(backend: Any, task_id: str, exc: Any, *args: Any, **kwargs: Any) -> Any:
+        written = failed(backend, task_id, exc, *args, **kwargs)
+        events.record("result_write", state="FAILURE", exception=repr(exc)[:500],
+                      **{**_task_fields(current_task), "task_id": task_id})
+        return written
+
+    BaseBackend.mark_as_done = mark_as_done  # type: ignore[method-assign]
+    BaseBackend.mark_as_failure = mark_as_failure  # type: ignore[method-assign]
 
 
 class _DieAfterMark:

@@ -58,7 +58,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         if request.is_eager or request.called_directly:
             return None
         ignored = bool(get_actual_ignore_result(self, request)) or isinstance(
-            self.backend, DisabledBackend)
+            Task.backend.fget(self), DisabledBackend)  # the backend itself, never a check
         if failed:
             stores = not ignored or bool(self.store_errors_even_if_ignored)
             sends = bool(request.errbacks or request.chord)

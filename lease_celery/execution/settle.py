@@ -28,10 +28,11 @@ from typing import Any
 from celery import signals as celery_signals
 from celery import states
 
+from ..errors import StoreError
 from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 
-__all__ = ["confirm_stored", "freeze_links"]
+__all__ = ["SettlementCheck", "confirm_stored", "freeze_links"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,40 @@ def freeze_links(request: Any) -> None:
     for field in ("callbacks", "errbacks"):
         for index, signature in enumerate(getattr(request, field, None) or ()):
             _freeze(signature, task_id, field, index)
+
+
+class SettlementCheck:
+    """Celery's result backend, as an owner that stalled past its settle deadline sees it
+    (frozen between its accepted finish and Celery's result write): the outcome is stored only
+    if the settlement is still this owner's. A delivery that took it over meanwhile stores the
+    outcome itself, so a second write by the owner would be the same result written twice.
+    Everything but the two writes passes through; a store that cannot answer lets the write
+    through (a result written twice is better than none)."""
+
+    def __init__(self, backend: Any, handle: LeaseHandle) -> None:
+        self._backend, self._handle = backend, handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def _still_ours(self) -> bool:
+        handle = self._handle
+        try:
+            record = handle._store.get(handle.key)
+        except StoreError:
+            return True
+        if record is not None and (record.owner, record.token) == (handle.owner, handle.token):
+            return True
+        logger.warning("lease %s token %s: this owner stalled past its settle deadline and "
+                       "another delivery completed the key: its outcome is not stored again",
+                       handle.key, handle.token)
+        return False
+
+    def mark_as_done(self, *args: Any, **kwargs: Any) -> Any:
+        return self._backend.mark_as_done(*args, **kwargs) if self._still_ours() else None
+
+    def mark_as_failure(self, *args: Any, **kwargs: Any) -> Any:
+        return self._backend.mark_as_failure(*args, **kwargs) if self._still_ours() else None
 
 
 def confirm_stored(handle: LeaseHandle | None, state: str) -> None:

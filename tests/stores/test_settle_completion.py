@@ -87,3 +87,52 @@ def test_a_completion_stores_the_outcome_only_if_the_owner_did_not(
                 break
             time.sleep(0.02)
         assert not record.settling and record.owner != "host:1:owner/1"
+
+
+def test_an_owner_frozen_past_its_settle_deadline_does_not_store_over_the_completer(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner finishes, then is frozen (its heartbeat too) between the finish and Celery's
+    result write for longer than the settle deadline; a redelivery takes the settlement over
+    and stores the outcome. When the owner resumes, Celery's result write finds the
+    settlement gone and stores nothing (before: the same result, written twice). An owner that
+    is merely past its local deadline, with the settlement still its own, stores as usual."""
+    from celery.canvas import Signature
+
+    from lease_celery.runtime.heartbeat import Heartbeat
+
+    for taken_over in (True, False):
+        app, job = _app(sqlite_url)
+        task_id = f"t-{uuid.uuid4().hex[:8]}"
+        writes: list[str] = []
+        real = app.backend.mark_as_done
+
+        def counted(tid: str, *args: Any, _real: Any = real, _writes: list[str] = writes,
+                    **kwargs: Any) -> Any:
+            _writes.append(tid)
+            return _real(tid, *args, **kwargs)
+
+        monkeypatch.setattr(app.backend, "mark_as_done", counted)
+
+        def frozen(signature: Any, *args: Any, _taken: bool = taken_over, _job: Any = job,
+                   **kwargs: Any) -> None:
+            """Celery sends the callbacks between the finish and the result write: freeze
+            there, as a SIGSTOP would (the heartbeat stops renewing), past the deadline."""
+            handle = _job.request.lease
+            Heartbeat.for_process().unwatch(handle)
+            time.sleep(0.45)
+            if _taken:
+                with open_store(sqlite_url) as store:
+                    assert store.claim_settlement(handle.key, owner="host:2:completer/1",
+                                                  ttl=5) is not None
+            handle._local_deadline = time.monotonic() - 1  # its own clock saw the lapse
+
+        monkeypatch.setattr(Signature, "apply_async", frozen)
+        tracer = build_tracer(job.name, job, app=app, eager=False, propagate=False)
+        key = f"{uuid.uuid4().hex[:6]}"
+        message = {"id": task_id, "task": job.name, "args": [key], "kwargs": {},
+                   "callbacks": [dict(app.signature("proj.callback"))],
+                   "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0,
+                                     "redelivered": False}, "hostname": "test"}
+        tracer(task_id, [key], {}, message)
+        assert writes == ([] if taken_over else [task_id]), taken_over
+        monkeypatch.undo()
