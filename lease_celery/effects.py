@@ -195,7 +195,7 @@ class Effects:
             return now - receipt.started_at < in_flight_timeout
         record = self.store.get(receipt.lease_key)
         return (record is not None and record.state is LeaseState.RUNNING
-                and record.token == receipt.lease_token and record.owner == receipt.lease_owner
+                and record.held_by(receipt.lease_owner, receipt.lease_token)
                 and record.expires_at is not None and record.expires_at > now)
 
     def _unknown(self, receipt: Receipt) -> EffectOutcomeUnknown:

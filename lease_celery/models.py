@@ -75,6 +75,11 @@ class LeaseRecord:
     #: dead row it leaves); None otherwise.
     cancel: str | None = None
 
+    def held_by(self, owner: str | None, token: int | None) -> bool:
+        """Is the row this owner's generation ``token``? (The one test of "still mine" after
+        a refused or lost write, a stall, or for a receipt's attempt.)"""
+        return self.owner == owner and self.token == token
+
     @property
     def task_id(self) -> str | None:
         """The task id of the delivery that last claimed the key. A settled ``done`` row keeps

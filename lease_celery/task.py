@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from celery import Task
+from celery.backends.rpc import RPCBackend
 from celery.exceptions import Ignore
 
 from . import signals
@@ -312,7 +312,7 @@ class LeasedTask(AttemptEnding):
         """Celery's result backend; for an owner whose settle deadline passed on its own clock
         (it stalled before Celery stored the outcome), behind ``SettlementCheck``. Otherwise
         the backend itself: the normal path costs nothing."""
-        backend = Task.backend.fget(self)
+        backend = self._result_backend
         handle = getattr(self.request, "lease", None)
         if (isinstance(handle, LeaseHandle) and handle._settling
                 and time.monotonic() >= handle._local_deadline):
@@ -327,8 +327,7 @@ class LeasedTask(AttemptEnding):
         """Does Celery's result backend hold this task id's SUCCESS? (False when results are
         not stored, or the backend cannot say.)"""
         if self.request.is_eager or getattr(self.request, "ignore_result", False) \
-                or self.ignore_result \
-                or Task.backend.fget(self).__class__.__name__ == "RPCBackend":
+                or self.ignore_result or isinstance(self._result_backend, RPCBackend):
             return False  # rpc:// answers PENDING inside a worker: it cannot tell
         try:
             return bool(self.AsyncResult(self.request.id).state == "SUCCESS")

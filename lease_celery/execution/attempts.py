@@ -37,6 +37,11 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     _lease_settings: ClassVar[LeaseSettings | None] = None
 
+    @property
+    def _result_backend(self) -> Any:
+        """Celery's result backend itself (``LeasedTask.backend`` may put a check in front)."""
+        return Task.backend.fget(self)
+
     @classmethod
     def _resolve_lease_settings(cls, app: Any) -> LeaseSettings:
         """Read the task's settings from ``app`` and keep them (the only place that does)."""
@@ -58,7 +63,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         if request.is_eager or request.called_directly:
             return None
         ignored = bool(get_actual_ignore_result(self, request)) or isinstance(
-            Task.backend.fget(self), DisabledBackend)  # the backend itself, never a check
+            self._result_backend, DisabledBackend)
         if failed:
             stores = not ignored or bool(self.store_errors_even_if_ignored)
             sends = bool(request.errbacks or request.chord)

@@ -28,7 +28,6 @@ from typing import Any
 from celery import signals as celery_signals
 from celery import states
 
-from ..errors import StoreError
 from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 
@@ -92,11 +91,7 @@ class SettlementCheck:
 
     def _still_ours(self) -> bool:
         handle = self._handle
-        try:
-            record = handle._store.get(handle.key)
-        except StoreError:
-            return True
-        if record is not None and (record.owner, record.token) == (handle.owner, handle.token):
+        if handle._holds_row() is not False:  # ours, or the store cannot say
             return True
         logger.warning("lease %s token %s: this owner stalled past its settle deadline and "
                        "another delivery completed the key: its outcome is not stored again",

@@ -179,15 +179,20 @@ class LeaseHandle:
                 self._lease = lease
                 self._local_deadline = sent_at + self._ttl
 
+    def _holds_row(self) -> bool | None:
+        """Is the key's row still this execution's (its owner, its token)? None when the store
+        cannot answer: each caller decides what an unanswered read means."""
+        try:
+            record = self._store.get(self.key)
+        except StoreError:
+            return None
+        return record is not None and record.held_by(self.owner, self.token)
+
     def _taken_over(self) -> bool:
         """After a refused outcome: has someone else the key now (another owner's token on the
         row, or no row)? Then this outcome is stale and dropped. An unanswered read counts as
         taken: dropping an outcome is safe, writing it twice is not."""
-        try:
-            record = self._store.get(self.key)
-        except StoreError:
-            return True
-        return record is None or (record.token, record.owner) != (self.token, self.owner)
+        return self._holds_row() is not True
 
     def _mark_lost(self, reason: str) -> bool:
         """Record the loss; return True the first time (so the loss is announced once)."""

@@ -266,8 +266,8 @@ class Store(abc.ABC):
         row with its own owner and token, so finding them there means the write was ours.
         """
         record = self.get(lease.key)
-        return (record is not None and record.state is state and record.token == lease.token
-                and record.owner == lease.owner)
+        return (record is not None and record.state is state
+                and record.held_by(lease.owner, lease.token))
 
     # -- the sweeper's ----------------------------------------------------------------------
 

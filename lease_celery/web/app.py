@@ -29,7 +29,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -263,9 +263,8 @@ class WebApp:
 
     def _session(self, environ: dict[str, Any]) -> tuple[str, bool]:
         """This browser's session id (from its cookie), or a new one: (id, is new)."""
-        for part in environ.get("HTTP_COOKIE", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == COOKIE and _SESSION.fullmatch(value):
+        for value in _cookies(environ, COOKIE):
+            if _SESSION.fullmatch(value):
                 return value, False
         return secrets.token_hex(16), True
 
@@ -276,11 +275,9 @@ class WebApp:
         return hmac.new(self._secret, f"read:{session}".encode(), hashlib.sha256).hexdigest()
 
     def _signed_in(self, environ: dict[str, Any], session: str) -> bool:
-        for part in environ.get("HTTP_COOKIE", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == SIGNED_IN and hmac.compare_digest(value, self._signature(session)):
-                return True
-        return False
+        signature = self._signature(session)
+        return any(hmac.compare_digest(value, signature)
+                   for value in _cookies(environ, SIGNED_IN))
 
     def _sign_in(self, environ: dict[str, Any], base: str, query: dict[str, str]) -> Response:
         """The token, once per browser session, for the pages of a ``protect_reads`` app:
@@ -446,6 +443,14 @@ def _limit(query: dict[str, str]) -> int:
         return min(1000, max(1, int(query.get("limit", "100"))))
     except ValueError:
         return 100
+
+
+def _cookies(environ: dict[str, Any], wanted: str) -> Iterator[str]:
+    """The values of the request's cookies named ``wanted``, in the order sent."""
+    for part in environ.get("HTTP_COOKIE", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == wanted:
+            yield value
 
 
 def _read_form(environ: dict[str, Any]) -> dict[str, str]:
