@@ -9,11 +9,11 @@ schemas of the run's own (``scale_<run>_<size>``, dropped after), Redis database
 prefixes of the run's own (``scale_<run>_<size>:``, deleted after). The fill writes the rows
 directly (bulk SQL, a Redis pipeline) exactly as a LeasedTask's ``claim`` + ``finish`` would
 have left a finished and settled key, after the library itself created the schema. Then a
-sample is read back through ``store.get`` (done, settled, token 1, its result), a done key is
-refused by ``claim`` and continues at token 2 after ``purge``, and a filled row is compared
-with one the library wrote itself (NULL columns; Redis: fields, encoding, token counter,
-terminal index). About 100 running leases with task info (half of them expired) are claimed
-through the library, so the sweeper has work.
+sample is read back through ``store.get`` (done, settled, the key's first token, its result), a
+done key is refused by ``claim`` and continues at its next token after ``purge``, and a filled
+row is compared with one the library wrote itself (NULL columns; Redis: fields, encoding, token
+counter, terminal index). About 100 running leases with task info (half of them expired) are
+claimed through the library, so the sweeper has work.
 
 Everything measured goes through ``open_store`` (the library), never the raw driver:
 
@@ -159,6 +159,9 @@ class Target(abc.ABC):
     def __init__(self, n: int, run: str) -> None:
         self.n, self.run = n, run
         self.url = ""
+        #: What the store's tokens and fence numbers count up from: 0, or on Redis its epoch's
+        #: floor (set by ``init_schema``); a key's first token is base + 1.
+        self.base = 0
 
     @abc.abstractmethod
     def fill(self, now: float, deadline: Deadline) -> None:
@@ -182,9 +185,13 @@ class Target(abc.ABC):
         fields exist and the encoding (Redis). A filled row must match a library-written one."""
 
     def init_schema(self) -> None:
-        """Let the library create its schema (tables, partial indexes, version) first."""
+        """Let the library create its schema (tables, partial indexes, version) first, and on
+        Redis open the store's epoch: a store holding data without an epoch record is one
+        that lost it, and the fill's counters must start above the epoch's floor."""
         with open_store(self.url) as store:
             store.get("scale:init")
+            epoch = store.epoch()
+            self.base = 0 if epoch is None else epoch.floor
 
 
 def plan_uses(lines: Sequence[str]) -> dict[str, bool]:
@@ -428,16 +435,17 @@ class RedisTarget(Target):
                     # so the library rewrites a settled hash: it is a compact listpack again,
                     # as this fill writes it (shape() checks the encoding matches).
                     pipe.hset(f"{p}lease:{key}", mapping={
-                        "state": "done", "owner": OWNER, "token": "1", "expires_at": stamp,
-                        "updated_at": stamp, "fence": str(i + 1), "nonce": uuid.uuid4().hex,
+                        "state": "done", "owner": OWNER, "token": str(self.base + 1),
+                        "expires_at": stamp, "updated_at": stamp,
+                        "fence": str(self.base + i + 1), "nonce": uuid.uuid4().hex,
                         "attempts": "1", "takeovers": "0",
                         "task_id": f"{scatter(i, self.n):08d}-0000-4000-8000-000000000000",
                         "result": f'{{"n":{scatter(i, self.n)},"ok":true}}'})
-                    pipe.set(f"{p}token:{key}", "1")  # the counter claim INCRs
+                    pipe.set(f"{p}token:{key}", str(self.base + 1))  # the counter claim INCRs
                     scores[f"{p}lease:{key}"] = t  # fenced_write: ZADD terminal t hash
                 pipe.zadd(terminal, scores)
                 pipe.execute()
-            client.set(f"{p}fence", str(self.n))
+            client.set(f"{p}fence", str(self.base + self.n))
         finally:
             client.close()
 
@@ -504,18 +512,19 @@ class Bench:
         self.swept: list[int] = []
 
     def verify_fill(self, now: float) -> None:
-        """The library must read filled rows as done, settled, token 1, with their result."""
-        n = self.target.n
+        """The library must read filled rows as done, settled, the key's first token (base +
+        1), with their result."""
+        n, base = self.target.n, self.target.base
         for i in random.Random(2).sample(range(n), min(50, n)):
             p = scatter(i, n)
             record = self.store.get(done_key(p))
             assert record is not None, f"{self.target.name}: {done_key(p)} not found"
             assert record.state is LeaseState.DONE and not record.settling, record
-            assert record.token == 1 and record.owner == OWNER, record
+            assert record.token == base + 1 and record.owner == OWNER, record
             # Of its task info, a settled done row keeps only the task id.
             assert record.task == {"options": {"task_id": f"{p:08d}-0000-4000-8000-"
                                                           f"000000000000"}}, record
-            assert record.result == {"n": p, "ok": True} and record.fence == i + 1, record
+            assert record.result == {"n": p, "ok": True} and record.fence == base + i + 1, record
             assert abs((record.updated_at or 0) - row_time(i, n, now)) < 1e-3, record
         # A key the library itself claimed (with task info, as a LeasedTask does) and
         # finished is stored in the same shape as a filled one.
@@ -526,10 +535,11 @@ class Bench:
         assert filled == written, f"{self.target.name}: filled {filled} != library {written}"
         key = done_key(scatter(0, n))
         assert self.store.claim(key, owner="check", ttl=30) is None, "a done key was claimed"
-        # A purged filled key continues at token 2: the fill left tokens the library honours.
+        # A purged filled key continues at its second token: the fill left tokens the library
+        # honours.
         assert self.store.purge(key), f"{key} could not be purged"
         lease = self.store.claim(key, owner="check", ttl=30)
-        assert lease is not None and lease.token == 2, lease
+        assert lease is not None and lease.token == base + 2, lease
         assert self.store.finish(lease, RESULT)
 
     def add_running(self) -> None:

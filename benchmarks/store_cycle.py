@@ -136,12 +136,18 @@ def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     finish = client.register_script(PRELUDE + "\n" + SCRIPTS["fenced_write"])
     prefix = url.split("prefix=")[1]
     run = uuid.uuid4().hex[:8]
+    # Every script's first two arguments: the epoch record and the epoch the store opened.
+    with open_store(url) as store:
+        epoch = store.epoch()
+    assert epoch is not None
+    header = [f"{prefix}epoch", epoch.id]
 
     def cycle(i: int) -> None:
         keys = [f"{prefix}lease:raw:{run}:{i}", f"{prefix}token:raw:{run}:{i}", f"{prefix}fence",
                 f"{prefix}running"]
-        token, *_ = claim(keys=keys, args=["", "bench", repr(TTL), "", uuid.uuid4().hex])
-        assert finish(keys=[keys[0], keys[3]], args=["", "bench", token, "done",
+        token, *_ = claim(keys=keys, args=[*header, "", "bench", repr(TTL), "",
+                                           uuid.uuid4().hex])
+        assert finish(keys=[keys[0], keys[3]], args=[*header, "", "bench", token, "done",
                                                      json.dumps(RESULT), "", "0.0", ""])
 
     return cycle, client.close

@@ -19,6 +19,7 @@ from .errors import (
     ResultNotSerializable,
     StaleFence,
     StoreBusy,
+    StoreDataLost,
     StoreError,
 )
 from .fencing import FenceGate
@@ -60,6 +61,7 @@ __all__ = [
     "StaleFence",
     "Store",
     "StoreBusy",
+    "StoreDataLost",
     "StoreError",
     "fingerprint",
     "install",

@@ -367,7 +367,7 @@ def requeue(ctx: Context, key: str, publish: bool) -> None:
 @_common
 @click.pass_obj
 def purge(ctx: Context, older_than: str) -> None:
-    """Delete old done/dead leases; their tokens are kept, so keys never restart at 1."""
+    """Delete old done/dead leases; their tokens are kept, so keys never restart their count."""
     seconds = parse_duration(older_than)
     with ctx.store() as store:
         count = store.purge_older_than(seconds)
@@ -409,6 +409,40 @@ def sweep_(ctx: Context, limit: int) -> None:
           + (f"; {len(report.failed)} failed" if report.failed else ""))
     if report.failed:
         sys.exit(1)
+
+
+#: What an operator accepts with ``reset-epoch``, said before and after the reset.
+RESET_EPOCH_RISKS = (
+    "what the store lost stays lost: a key whose row vanished is granted to its next "
+    "delivery, so a task whose lease was running, or that had finished, may run again; an "
+    "effect whose receipt vanished may be sent again (a receipt kept in flight says "
+    "'outcome unknown: reconcile'); workers that held leases lose them at their next renewal. "
+    "Tokens and fence numbers continue above every number handed out before")
+
+
+@leases.command(name="reset-epoch")
+@click.option("--accept-data-loss", "accept", is_flag=True,
+              help="Required: start a new epoch, accepting what the store lost.")
+@_common
+@click.pass_obj
+def reset_epoch(ctx: Context, accept: bool) -> None:
+    """Start the store's new epoch after its server lost data (StoreDataLost: nothing is
+    granted until then). Says what may run twice."""
+    if not accept:
+        _refuse("reset-epoch needs --accept-data-loss: " + RESET_EPOCH_RISKS)
+    with ctx.store() as store:
+        try:
+            done = store.reset_epoch()
+        except ConfigError as exc:  # a store that keeps no epoch
+            _fail(ctx, str(exc))
+    before = (f"replaced epoch {done.replaced}" if done.replaced else "no epoch record was left")
+    if done.lost:
+        before += f" (marked lost: {_printable(done.lost)})"
+    _emit(ctx, {"epoch": done.epoch.id, "floor": done.epoch.floor,
+                "created_at": done.epoch.created_at, "replaced": done.replaced,
+                "lost": done.lost, "may_run_twice": RESET_EPOCH_RISKS},
+          f"new epoch {done.epoch.id}: tokens continue above {done.epoch.floor}; {before}.\n"
+          f"Accepted: {RESET_EPOCH_RISKS}.")
 
 
 @leases.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -16,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .apps import is_leased
-from .errors import LeaseError
+from .errors import LeaseError, StoreDataLost
 from .names import FIXES, name_problems
 from .settings import (
     LeaseSettings,
@@ -356,7 +357,7 @@ def _store(url: str) -> list[Finding]:
                         f"lease store {redact(url)} cannot be used: {exc}")]
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
-        return _redis_store(url)
+        return [*_redis_epoch(url), *_redis_store(url)]
     if scheme != "sqlite":
         return found
     path = unquote(urlsplit(url).path)[1:]
@@ -411,9 +412,29 @@ def _consumer_timeout(app: Any, tasks: list[Any]) -> list[Finding]:
 
 
 #: What a Redis store loses when its server forgets acknowledged writes.
-_REDIS_LOSS = ("token counters restart at 1, rows of running leases and effect receipts "
-               "vanish: a second worker is granted a key a live owner holds, and an effect runs "
-               "again")
+_REDIS_LOSS = ("rows of running leases and effect receipts vanish. A loss of everything is "
+               "caught by the store's epoch (nothing is granted until reset-epoch), but a loss "
+               "of the latest writes is not: a second worker is granted a key a live owner "
+               "holds, and an effect runs again")
+
+
+def _redis_epoch(url: str) -> list[Finding]:
+    """The store's epoch record: opening it (as any first use does) says whether the store
+    lost its data."""
+    try:
+        with open_store(url) as store:
+            epoch = store.epoch()
+    except StoreDataLost as exc:
+        return [Finding("store.data_lost", "error", "ownership", str(exc))]
+    except (LeaseError, ValueError) as exc:
+        return [Finding("store.unreachable", "error", "ownership",
+                        f"lease store {redact(url)} cannot be used: {exc}")]
+    when = "unknown" if epoch is None else time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
+    return [Finding("store.epoch", "ok", "ownership",
+                    f"the Redis lease store's epoch {epoch.id if epoch else '?'} (since {when}) "
+                    "is in place: a server that lost everything since then would have lost it "
+                    "too")]
 
 
 def _redis_store(url: str) -> list[Finding]:

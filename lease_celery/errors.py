@@ -22,6 +22,7 @@ __all__ = [
     "ResultNotSerializable",
     "StaleFence",
     "StoreBusy",
+    "StoreDataLost",
     "StoreError",
 ]
 
@@ -80,6 +81,12 @@ class StoreError(LeaseError):
 
 class StoreBusy(StoreError):
     """The lease store stayed locked by other writers for longer than the busy deadline."""
+
+
+class StoreDataLost(StoreError):
+    """The lease store's server lost acknowledged writes (its epoch record is gone or was
+    replaced): nothing is granted until an operator runs ``celery -A APP leases reset-epoch
+    --accept-data-loss``."""
 
 
 class EffectConflict(LeaseError):

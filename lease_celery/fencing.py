@@ -1,9 +1,9 @@
 """FenceGate: the resource side of fencing, for a resource shared by many keys' leases.
 
-Per-key tokens all start at 1, so they cannot be compared across keys. Every claim also takes
-a store-wide ``fence`` number that only grows (``lease.fence``). A resource that remembers the
-highest fence it has accepted, and refuses lower ones *in the same transaction as the write*,
-turns away a superseded holder once a newer one has written.
+Per-key tokens each count their own key's claims, so they cannot be compared across keys.
+Every claim also takes a store-wide ``fence`` number that only grows (``lease.fence``). A
+resource that remembers the highest fence it has accepted, and refuses lower ones *in the same
+transaction as the write*, turns away a superseded holder once a newer one has written.
 
 Limit: the resource only remembers the maximum. An old holder's write that arrives *before*
 any newer holder has written is still accepted; the gate orders writes, it does not know about

@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EffectState", "HistoryEntry", "Lease", "LeaseRecord", "LeaseState", "Receipt",
-           "StoreStats"]
+__all__ = ["EffectState", "EpochReset", "HistoryEntry", "Lease", "LeaseRecord", "LeaseState",
+           "Receipt", "StoreEpoch", "StoreStats"]
 
 
 class LeaseState(str, enum.Enum):
@@ -118,6 +118,30 @@ class StoreStats:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class StoreEpoch:
+    """A store's epoch record: what tells it, after its server restarted, whether the writes
+    it acknowledged are still there (the Redis store; the SQL stores keep no epoch).
+
+    ``floor``: every token and fence number this epoch hands out is above it (the creation
+    time in microseconds on the store's clock, above any counter that grew by one per claim).
+    """
+
+    id: str
+    created_at: float
+    floor: int
+
+
+@dataclass(frozen=True)
+class EpochReset:
+    """What ``Store.reset_epoch`` did: the new epoch, and the record it replaced (``replaced``
+    its id, ``lost``: why it was marked lost; each None when there was none)."""
+
+    epoch: StoreEpoch
+    replaced: str | None
+    lost: str | None
 
 
 class EffectState(str, enum.Enum):

@@ -28,16 +28,19 @@ from ..checks import (
     encode_task,
 )
 from ..errors import (
+    ConfigError,
     LeaseLost,
     StoreError,
 )
 from ..models import (
     EffectState,
+    EpochReset,
     HistoryEntry,
     Lease,
     LeaseRecord,
     LeaseState,
     Receipt,
+    StoreEpoch,
     StoreStats,
 )
 from .rows import Row, lease_of, receipt_of, record_of
@@ -96,9 +99,10 @@ class Store(abc.ABC):
 
         Succeeds when the key has no row, is ``ready`` and past its ``not_before``, or is
         ``running`` with ``expires_at <= now`` (a takeover: ``takeovers`` + 1). The token becomes
-        the previous token + 1 (1 for a new key), ``attempts`` grows by one, ``not_before`` is
-        cleared. ``task`` (JSON: name, id, args, kwargs, options) is recorded so the task can be
-        re-published without its message. Returns ``None`` when a live lease holds the key, it is
+        the previous token + 1 (for a new key 1, or on Redis the epoch's floor + 1: see
+        ``epoch``), ``attempts`` grows by one, ``not_before`` is cleared. ``task`` (JSON: name,
+        id, args, kwargs, options) is recorded so the task can be re-published without its
+        message. Returns ``None`` when a live lease holds the key, it is
         backing off, or it is ``done``/``dead``.
         """
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
@@ -400,6 +404,28 @@ class Store(abc.ABC):
     def effect_delete(self, key: str, *, version: int) -> bool:
         """Delete the receipt if it is at ``version``."""
         return self._effect_delete(check_key(key), int(version))
+
+    # -- the store's epoch (what a server that lost its data is caught by) -----------------
+
+    def epoch(self) -> StoreEpoch | None:
+        """The store's epoch record; None for a store that keeps none.
+
+        The SQL stores keep none: their rows live in the database's own transactions, and a
+        restart keeps every write they acknowledged. The Redis store keeps one, because a Redis
+        server restarted without persistence, or failed over to a replica that lagged, comes
+        back without writes it acknowledged (see ``RedisStore``).
+        """
+        return None
+
+    def reset_epoch(self) -> EpochReset:
+        """Start a new epoch after a data loss, accepting it (``StoreDataLost`` until then).
+
+        Tokens and fence numbers continue above every number handed out before. What was
+        lost stays lost: a key whose row vanished is granted to its next delivery, and an
+        effect whose receipt vanished may be sent again.
+        """
+        raise ConfigError(f"the {type(self).__name__} keeps no epoch: its database keeps every "
+                          "write it acknowledged, and there is nothing to reset")
 
     # -- the backend's primitives -----------------------------------------------------------
     # Each gets checked, encoded arguments and answers with rows (stores.rows) or booleans;

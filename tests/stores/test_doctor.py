@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import builtins
 import io
-import shutil
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,7 +23,7 @@ from celery import Celery
 from lease_celery import LeasedTask, doctor
 from lease_celery.doctor import Finding, diagnose
 from tests.support.policy_helpers import PYTHON_M, cli_env, parse_json, run_cli
-from tests.support.servers import require
+from tests.support.private_redis import DURABLE, private_redis
 
 #: ``celery`` itself; the app is named per run with ``-A``.
 CELERY_PROGRAM = [sys.executable, "-m", "celery"]
@@ -281,47 +276,6 @@ def test_rpc_results_are_explained(sqlite_url: str) -> None:
     assert "backend.rpc" not in by_code(diagnose(make_app(sqlite_url)))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-#: What a durable Redis store runs with: the persistence check passes, the others speak.
-DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
-
-
-@contextmanager
-def private_redis(tmp_path: Path, *options: str) -> Iterator[str]:
-    """A redis-server of this test's own (loopback, files in the test's folder) started with
-    ``options`` (after ``--save ""`` and ``--appendonly no``); yields a lease store URL on
-    it."""
-    binary = shutil.which("redis-server")
-    require("redis-server", binary is not None, "no redis-server on PATH")
-    assert binary is not None
-    port = _free_port()
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path), *options],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        client = redis.Redis(port=port, socket_connect_timeout=1)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise AssertionError(f"redis-server {options} did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0?prefix=doctor:"
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
 #: (redis-server options, finding code or None, severity, words in its message)
 EVICTION: list[tuple[tuple[str, ...], str | None, str, str]] = [
     (("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"), "store.redis_eviction",
@@ -379,8 +333,9 @@ PERSISTENCE: list[tuple[tuple[str, ...], str | None, str]] = [
 def test_redis_store_persistence(tmp_path: Path, options: tuple[str, ...],
                                  severity: str | None, words: str) -> None:
     """A Redis store that a restart can roll back (no AOF, or an AOF not fsynced on every
-    write) is a warning naming what is lost: token counters restart at 1, rows of running
-    leases and receipts vanish. appendonly yes with appendfsync always passes."""
+    write) is a warning naming what is lost: rows of running leases and receipts vanish, and
+    a loss of the latest writes goes unseen by the epoch. appendonly yes with appendfsync
+    always passes."""
     with private_redis(tmp_path, *options) as url:
         found = by_code(diagnose(make_app(url)))
     persistence = found.get("store.redis_persistence")
@@ -390,7 +345,8 @@ def test_redis_store_persistence(tmp_path: Path, options: tuple[str, ...],
     assert persistence is not None and persistence.severity == severity, found
     assert words in persistence.message
     if words != "could not check":
-        assert "token counters restart" in persistence.message
+        assert "rows of running leases and effect receipts vanish" in persistence.message
+        assert "a loss of the latest writes is not" in persistence.message
         assert "appendonly yes" in persistence.message and "appendfsync always" in \
             persistence.message
 

@@ -30,6 +30,7 @@ from lease_celery import (
 )
 from lease_celery.testing import ManualClock
 from tests.support.servers import PG_DSN, postgres_reachable, require
+from tests.support.tokens import token_base
 
 TTL = 10.0
 RESOURCE = "reports-table"
@@ -150,7 +151,8 @@ def test_stale_generation_is_refused_once_the_newer_one_has_written(
     first = _claim(old, "job:42", "worker-a")
     clock.now += TTL
     second = _claim(new, "job:42", "worker-b")
-    assert (first.token, second.token) == (1, 2)
+    base = token_base(old)
+    assert (first.token, second.token) == (base + 1, base + 2)
     assert second.fence > first.fence > 0
 
     gate_new, gate_old = resource.gate(), resource.gate()
@@ -223,7 +225,8 @@ def test_fences_order_leases_of_different_keys(
     a_store, b_store = stores
     lease_a = _claim(a_store, "report:A", "worker-a")
     lease_b = _claim(b_store, "report:B", "worker-b")
-    assert lease_a.token == lease_b.token == 1
+    base = token_base(a_store)
+    assert lease_a.token == lease_b.token == base + 1
     assert lease_b.fence > lease_a.fence
 
     resource.gate().write(RESOURCE, lease_b.fence, resource.insert("B", lease_b.fence))
@@ -231,7 +234,7 @@ def test_fences_order_leases_of_different_keys(
         resource.gate().write(RESOURCE, lease_a.fence, _never)
     assert resource.committed() == [("B", lease_b.fence)]
     record = a_store.get("report:A")
-    assert record is not None and (record.owner, record.token) == ("worker-a", 1)
+    assert record is not None and (record.owner, record.token) == ("worker-a", base + 1)
     assert a_store.renew(lease_a, ttl=TTL) is not None  # the gate refused; the lease did not
 
 
@@ -358,7 +361,7 @@ def test_fences_grow_across_keys_takeovers_purges_and_store_objects(
     assert a.finish(k1, "done") and a.purge("k1")
     claimed(b, "k3", "w3")
     again = claimed(a, "k1", "w4")  # purged and re-created
-    assert again.token == 2
+    assert again.token == token_base(a) + 2
     assert b.release(again)
     claimed(b, "k1", "w5")  # after a release
     clock.now += TTL

@@ -20,6 +20,7 @@ from lease_celery.models import HistoryEntry
 from lease_celery.runtime import history
 from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
+from tests.support.tokens import token_base
 
 
 @pytest.fixture
@@ -75,13 +76,14 @@ def test_the_store_records_each_transition_in_the_statement_that_makes_it(
     completer = store.claim_settlement("tr", owner="w6", ttl=10)
     assert completer is not None and store.settle(completer)
     entries = store.history("tr")
+    base = token_base(store)
     assert [(e.event, e.owner, e.token) for e in entries] == [
-        ("claimed", "w1", 1), ("taken_over", "w2", 2), ("retry", "w2", 2),
-        ("claimed", "w3", 3), ("released", "w3", 3), ("claimed", "w4", 4),
-        ("dead", "w4", 4), ("claimed", "w5", 5), ("finished", "w5", 5),
-        ("completed", "w6", 5)]
+        ("claimed", "w1", base + 1), ("taken_over", "w2", base + 2), ("retry", "w2", base + 2),
+        ("claimed", "w3", base + 3), ("released", "w3", base + 3), ("claimed", "w4", base + 4),
+        ("dead", "w4", base + 4), ("claimed", "w5", base + 5), ("finished", "w5", base + 5),
+        ("completed", "w6", base + 5)]
     details = {e.event: e.detail for e in entries}
-    assert details["taken_over"] == "the lease of w1 (token 1) had lapsed"
+    assert details["taken_over"] == f"the lease of w1 (token {base + 1}) had lapsed"
     assert details["retry"] == "busy <b>; claimable again in 5.00s"
     assert details["released"] == "shutting down"
     assert details["dead"] == "boom <script>"
@@ -91,7 +93,7 @@ def test_the_store_records_each_transition_in_the_statement_that_makes_it(
     assert entries[0].fence == first.fence and entries[1].fence == second.fence
     assert entries[-2].fence == fifth.fence
     taken = store.recent_history(events=["taken_over"], limit=5)
-    assert [(e.key, e.token) for e in taken] == [("tr", 2)]
+    assert [(e.key, e.token) for e in taken] == [("tr", base + 2)]
 
 
 def test_history_older_than_the_retention_is_pruned(store: Store) -> None:

@@ -18,6 +18,7 @@ from lease_celery.errors import StoreError
 from lease_celery.stores.redis import wire as redis_wire
 from lease_celery.stores.registry import open_store
 from tests.support.servers import REDIS_STORE_URL
+from tests.support.tokens import token_base
 
 
 def _admin(url: str) -> redis.Redis:
@@ -37,13 +38,18 @@ def test_a_flushed_script_cache_is_loaded_again(redis_store_url: str) -> None:
         # A server restart or SCRIPT FLUSH forgets every script.
         _admin(redis_store_url).script_flush()
         lease = store.claim("wire:2", owner="w", ttl=30)
-        assert lease is not None and lease.token == 1
+        assert lease is not None and lease.token == token_base(store) + 1
         assert store.finish(lease, {"ok": 1}) is True
 
 
 def _idle_connections(store: Any, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Leave at least ``count`` idle connections in the store's script caller: calls from
-    that many threads at once, each holding its connection until all have one."""
+    that many threads at once, each holding its connection until all have one.
+
+    The store's epoch is opened first: a store object's first call opens it under a lock, one
+    thread at a time, so ``count`` threads making the first calls could never all hold a
+    connection at once."""
+    store.epoch()
     barrier = threading.Barrier(count)
     real = redis_wire._evalsha
 
@@ -85,7 +91,7 @@ def test_killed_idle_connections_are_replaced_not_reused(
             _idle_connections(store, 3, monkeypatch)
             killed = _kill(admin, name)
             lease = store.claim(f"wire:{uuid.uuid4().hex}", owner="w", ttl=30)
-            assert lease is not None and lease.token == 1
+            assert lease is not None and lease.token == token_base(store) + 1
             assert store.finish(lease, None) is True
             alive = {c["id"] for c in admin.client_list() if c.get("name") == name}
             assert alive and not alive & killed
@@ -106,7 +112,7 @@ def test_a_connection_idle_for_long_is_checked_before_use(
         time.sleep(0.1)  # the server's close has reached the client's socket
         with caplog.at_level(logging.WARNING, logger="lease_celery.stores.redis"):
             lease = store.claim(f"wire:{uuid.uuid4().hex}", owner="w", ttl=30)
-        assert lease is not None and lease.token == 1
+        assert lease is not None and lease.token == token_base(store) + 1
         assert "sending again" not in caplog.text
 
 
@@ -123,7 +129,8 @@ def test_an_error_reply_leaves_the_next_call_in_step(redis_store_url: str) -> No
             else:
                 raise AssertionError("a claim over a non-hash key did not fail")
             lease = store.claim(f"wire:{uuid.uuid4().hex}", owner="w", ttl=30)
-            assert lease is not None and lease.token == 1  # its own reply, not a stale one
+            # Its own reply, not a stale one.
+            assert lease is not None and lease.token == token_base(store) + 1
 
 
 def test_a_forked_child_never_shares_the_parents_connections(redis_store_url: str) -> None:

@@ -13,6 +13,7 @@ from lease_celery.models import Lease, LeaseState
 from lease_celery.runtime.handle import LeaseHandle
 from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
+from tests.support.tokens import token_base
 
 TASK = {"task": "proj.tasks.long", "args": [1], "kwargs": {}, "options": {"task_id": "t-1"}}
 
@@ -33,7 +34,7 @@ def test_a_checkpoint_is_fenced_kept_across_generations_and_cleared_when_done(
     assert store.get("k").checkpoint == {"done": 3}  # type: ignore[union-attr]
     clock.advance(11)  # w1 stalls past its lease
     second = store.claim("k", owner="w2", ttl=10, task=TASK)
-    assert second is not None and second.token == 2
+    assert second is not None and second.token == token_base(store) + 2
     assert store.get("k").checkpoint == {"done": 3}  # type: ignore[union-attr]
     assert store.checkpoint(first, encode_checkpoint({"done": 4})) is False  # stale: refused
     assert store.get("k").checkpoint == {"done": 3}  # type: ignore[union-attr]
@@ -136,7 +137,7 @@ def test_cancelling_a_held_key_reaches_its_holder_through_renewals_and_claims(
     assert store.cancel("k", reason="again") is False  # dead: nothing to cancel
     assert store.requeue("k", reason="operator") is not None
     back = store.claim("k", owner="w3", ttl=10, task=TASK)
-    assert back is not None and back.cancel is None and back.token == 3
+    assert back is not None and back.cancel is None and back.token == token_base(store) + 3
 
 
 def test_cancelling_a_key_nobody_holds_kills_it_at_once_and_keeps_its_token(
@@ -146,11 +147,12 @@ def test_cancelling_a_key_nobody_holds_kills_it_at_once_and_keeps_its_token(
     assert store.cancel("fresh", reason="not wanted")
     record = store.get("fresh")
     assert record is not None and record.state is LeaseState.DEAD
+    # Token 0: no claim yet (on every store; the base applies to claimed generations).
     assert record.reason == "cancelled: not wanted" and record.token == 0
     assert store.claim("fresh", owner="w", ttl=10) is None
     assert store.requeue("fresh", reason="wanted after all") is not None
     lease = store.claim("fresh", owner="w", ttl=10)
-    assert lease is not None and lease.token == 1 and lease.cancel is None
+    assert lease is not None and lease.token == token_base(store) + 1 and lease.cancel is None
 
     ready = store.claim("ready", owner="w", ttl=10, task=TASK)
     assert ready is not None and store.release(ready, reason="backoff", delay=30)

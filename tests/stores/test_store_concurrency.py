@@ -21,6 +21,7 @@ from itertools import pairwise
 from typing import Any
 
 from lease_celery import LeaseState, open_store
+from tests.support.tokens import token_base
 
 PROCESSES = 16
 HOLD_TTL = 30.0  # far longer than the test: nothing may expire, only release frees the key
@@ -149,8 +150,9 @@ def test_sixteen_processes_never_hold_one_key_at_once(store_url: str) -> None:
     """16 processes claim one key for ~2 s (real clock, ttl 30 s so nothing expires), each
     winner checking the row shows it as owner with its token, then releasing (always True).
     No child raises (no 'database is locked', no StoreBusy); every token is granted exactly
-    once, tokens are exactly 1..N; sorted by token each hold ends (t_release) before the next
-    begins (t_acquired), so there were never two live holders; and N > 16."""
+    once, tokens are exactly base+1..base+N (base: the store's floor, 0 on the SQL stores);
+    sorted by token each hold ends (t_release) before the next begins (t_acquired), so there
+    were never two live holders; and N > 16."""
     url = store_url
     key = "report:42"
     reports = _run_children(_hold_and_release, (url, key), _ctx.Barrier(PROCESSES))
@@ -159,7 +161,9 @@ def test_sixteen_processes_never_hold_one_key_at_once(store_url: str) -> None:
     tokens = [token for token, _owner, _acq, _rel in holds]
     assert len(tokens) > PROCESSES, f"only {len(tokens)} claims succeeded"
     assert len(set(tokens)) == len(tokens), "a token was granted twice"
-    assert tokens == list(range(1, len(tokens) + 1)), "tokens are not contiguous from 1"
+    base = token_base(url)
+    assert tokens == list(range(base + 1, base + len(tokens) + 1)), (
+        f"tokens are not contiguous from {base + 1}")
     for (token, owner, _acq, released), (next_token, next_owner, acquired, _rel) in pairwise(holds):
         assert released <= acquired, (
             f"token {next_token} ({next_owner}) acquired at {acquired:.6f}, before token "
@@ -173,12 +177,12 @@ def test_sixteen_processes_never_hold_one_key_at_once(store_url: str) -> None:
     assert record is not None
     assert record.state is LeaseState.READY
     assert record.token == tokens[-1]
-    assert record.attempts == tokens[-1]
+    assert record.attempts == tokens[-1] - base == len(tokens)
 
 
 def test_sixteen_processes_race_fresh_keys_one_winner_each(store_url: str) -> None:
     """16 processes claim each of a series of fresh keys at the same instant: exactly one wins
-    each key (token 1) and finishes it; afterwards every process's claim of that key fails,
+    each key (token base + 1) and finishes it; afterwards every process's claim of that key fails,
     and the row is done with the winner's result."""
     url = store_url
     keys = [f"report:{i}" for i in range(RACE_KEYS)]
@@ -193,15 +197,16 @@ def test_sixteen_processes_race_fresh_keys_one_winner_each(store_url: str) -> No
     assert {key: len(won) for key, won in winners.items()} == dict.fromkeys(keys, 1)
 
     with open_store(url) as store:
+        base = token_base(store)
         for key in keys:
             ((owner, token),) = winners[key]
-            assert token == 1
+            assert token == base + 1
             record = store.get(key)
             assert record is not None
             assert (record.state, record.owner, record.token, record.attempts) == (
                 LeaseState.DONE,
                 owner,
-                1,
+                base + 1,
                 1,
             )
             assert record.result == {"key": key, "winner": owner}
@@ -211,7 +216,7 @@ def test_threads_with_a_store_each_race_fresh_keys_one_winner_each(store_url: st
     """8 threads, each with a store object of its own (on PostgreSQL: its own pool and
     connection, so the claims really run in parallel server-side), claim each of 30 fresh keys
     at the same instant (barrier): every claim returns a Lease or None (no exception), exactly
-    one wins each key with token 1, and the row names that winner with one attempt."""
+    one wins each key with token base + 1, and the row names that winner with one attempt."""
     keys = [f"report:thread:{i}" for i in range(THREAD_KEYS)]
     owners = [_owner() for _ in range(THREADS)]
     stores = [open_store(store_url) for _ in range(THREADS)]
@@ -240,15 +245,16 @@ def test_threads_with_a_store_each_race_fresh_keys_one_winner_each(store_url: st
         errors.sort(key=lambda text: "BrokenBarrierError" in text)
         assert not errors, "\n".join(errors)
 
+        base = token_base(stores[0])
         for key in keys:
             winners = [(i, lease) for i, lease in enumerate(got[key]) if lease is not None]
             assert len(winners) == 1, f"{key}: {got[key]}"
             ((index, lease),) = winners
-            assert (lease.key, lease.owner, lease.token) == (key, owners[index], 1)
+            assert (lease.key, lease.owner, lease.token) == (key, owners[index], base + 1)
             record = stores[0].get(key)
             assert record is not None
             assert (record.state, record.owner, record.token, record.attempts) == (
-                LeaseState.RUNNING, owners[index], 1, 1)
+                LeaseState.RUNNING, owners[index], base + 1, 1)
     finally:
         for store in stores:
             store.close()

@@ -18,6 +18,7 @@ import pytest
 
 from lease_celery import Lease, LeaseRecord, LeaseState, Store, open_store
 from lease_celery.testing import ManualClock
+from tests.support.tokens import token_base
 
 TTL = 10.0
 
@@ -64,7 +65,8 @@ def test_purge_and_recreate_never_restarts_the_token(
     deadline / finished again), and purged: each purge of the non-held row returns True, get()
     is then None, a second purge returns False, and the next claim gets the last token + 1 with
     a fresh row (attempts 1, no result); the old leases can neither renew nor finish the new
-    row. Tokens across all cycles are 1, 2, 3, …"""
+    row. Tokens across all cycles are base + 1, base + 2, base + 3, … (base: the store's
+    floor, 0 on the SQL stores)."""
     a, b = stores
     key = "report:recreated"
     leave: list[Callable[[Store, Lease], None]] = [
@@ -94,7 +96,8 @@ def test_purge_and_recreate_never_restarts_the_token(
         assert a.get(key) is None and b.get(key) is None
         assert a.purge(key) is False
         clock.now += 1
-    assert tokens == list(range(1, len(tokens) + 1))
+    base = token_base(a)
+    assert tokens == list(range(base + 1, base + len(tokens) + 1))
 
 
 def test_purge_of_an_expired_lease_retires_its_token(
@@ -102,14 +105,15 @@ def test_purge_of_an_expired_lease_retires_its_token(
 ) -> None:
     """A running lease whose deadline has passed may be purged; the purged holder can no
     longer renew, finish or release (there is no row), and a later claim continues at its
-    token + 1 rather than at 1."""
+    token + 1 rather than at the key's first token."""
     a, b = stores
     key = "report:expired-purge"
     first = a.claim(key, owner="worker-a", ttl=TTL)
     assert first is not None
     clock.now = 110.0
-    second = b.claim(key, owner="worker-b", ttl=TTL)  # token 2, expires 120
-    assert second is not None and second.token == 2
+    second = b.claim(key, owner="worker-b", ttl=TTL)  # token base + 2, expires 120
+    base = token_base(b)
+    assert second is not None and second.token == base + 2
     clock.now = 125.0
     assert a.purge(key) is True
     assert b.renew(second, ttl=TTL) is None
@@ -117,7 +121,7 @@ def test_purge_of_an_expired_lease_retires_its_token(
     assert b.release(second) is False
     assert a.get(key) is None  # the refusals re-created nothing
     third = a.claim(key, owner="worker-a", ttl=TTL)
-    assert third is not None and third.token == 3
+    assert third is not None and third.token == base + 3
 
 
 def _assert_true(value: object) -> None:
@@ -241,7 +245,8 @@ def test_at_the_deadline_the_lease_is_expired(
     assert (taken.token, taken.expires_at) == (lease.token + 1, t0 + 2 * TTL)
     assert a.finish(lease, "too late") is False
     record = _get(b, "report:boundary")
-    assert (record.state, record.owner, record.token) == (LeaseState.RUNNING, "worker-b", 2)
+    assert (record.state, record.owner, record.token) == (
+        LeaseState.RUNNING, "worker-b", token_base(b) + 2)
 
 
 # -- refusals leave the row unchanged ---------------------------------------------------------
@@ -269,7 +274,7 @@ def test_wrong_owner_or_token_is_refused_and_changes_nothing(
     first = a.claim(key, owner="worker-a", ttl=TTL)
     assert first is not None and a.release(first) is True
     lease = a.claim(key, owner="worker-a", ttl=TTL)  # token 2, so token - 1 is a real old one
-    assert lease is not None and lease.token == 2
+    assert lease is not None and lease.token == token_base(a) + 2
     clock.now = 105.0
     before = _get(a, key)
     for why, wrong in _refusals(lease).items():
@@ -361,4 +366,4 @@ def test_renew_many_tells_two_generations_of_one_key_apart(
         renewed = a.renew_many(batch, ttl=TTL)
         assert [r is not None for r in renewed] == [lease is new for lease in batch]
         fresh = next(r for r in renewed if r is not None)
-        assert (fresh.token, fresh.attempts, fresh.takeovers) == (2, 2, 0)
+        assert (fresh.token, fresh.attempts, fresh.takeovers) == (token_base(a) + 2, 2, 0)

@@ -17,6 +17,7 @@ import pytest
 
 from lease_celery import ConfigError, Lease, LeaseState, Store, open_store
 from tests.support.policy_helpers import sweep_in_process
+from tests.support.tokens import token_base
 
 TASK: dict[str, Any] = {"task": "proj.report", "args": [42], "kwargs": {"fmt": "pdf"},
                         "options": {"task_id": "tid-42", "queue": "reports"},
@@ -57,11 +58,12 @@ def test_force_release_makes_running_ready_and_refuses_the_holder(
     the holder can no longer renew, finish, release or kill; the next claim is token 2 and not
     a takeover. Rows that are ready, done, dead or missing are not running: False, unchanged.
     A running row whose lease expired can be force-released too."""
+    base = token_base(store)
     holder = claim(store, "k")
     assert store.force_release("k", reason="stuck") is True
     record = store.get("k")
     assert record is not None
-    assert (record.state, record.token, record.reason) == (LeaseState.READY, 1, "stuck")
+    assert (record.state, record.token, record.reason) == (LeaseState.READY, base + 1, "stuck")
     assert record.expires_at is not None and record.expires_at <= clock.now
     assert store.renew(holder, ttl=10) is None
     assert store.finish(holder, "late") is False
@@ -70,7 +72,7 @@ def test_force_release_makes_running_ready_and_refuses_the_holder(
     assert store.force_release("k", reason="again") is False
     assert store.get("k").reason == "stuck"  # type: ignore[union-attr]
     successor = claim(store, "k", owner="w2")
-    assert (successor.token, successor.attempts, successor.takeovers) == (2, 2, 0)
+    assert (successor.token, successor.attempts, successor.takeovers) == (base + 2, 2, 0)
 
     assert store.force_release("missing", reason="x") is False
     assert store.get("missing") is None
@@ -91,21 +93,22 @@ def test_requeue_brings_dead_back_with_a_fresh_budget(store: Store, clock: Rewin
     and recorded task, records the reason; the next claim continues at token + 1 with
     attempts 1. Rows that are not dead (missing, ready, running, done) give None, unchanged.
     The recorded task is always the latest claim's: a claim without one clears it."""
+    base = token_base(store)
     claim(store, "k", task=TASK)
     clock.now += 20  # the first owner's lease expired: the next claim is a takeover
     second = claim(store, "k", owner="w2", task=TASK)
-    assert (second.token, second.attempts, second.takeovers) == (2, 2, 1)
+    assert (second.token, second.attempts, second.takeovers) == (base + 2, 2, 1)
     assert store.kill(second, reason="gave up")
 
     record = store.requeue("k", reason="fixed upstream")
     assert record is not None
     assert (record.state, record.token, record.attempts, record.takeovers) == (
-        LeaseState.READY, 2, 0, 0)
+        LeaseState.READY, base + 2, 0, 0)
     assert record.reason == "fixed upstream"
     assert record.task == TASK
     assert store.requeue("k", reason="again") is None
     again = claim(store, "k", owner="w3")
-    assert (again.token, again.attempts, again.takeovers) == (3, 1, 0)
+    assert (again.token, again.attempts, again.takeovers) == (base + 3, 1, 0)
     assert store.get("k").task is None  # type: ignore[union-attr]  # not the previous one's
     assert store.requeue("k", reason="running") is None
     assert store.finish(again, "ok")
@@ -159,7 +162,7 @@ def test_find_filters_by_state_prefix_owner_and_orders_by_update(
     assert keys(prefix="b:", owner="w2") == []
     assert keys(limit=2) == ["a:1", "a%_x"]
     done = store.find(state=LeaseState.DONE)[0]
-    assert (done.token, done.owner, done.result) == (1, "w2", {"n": 2})
+    assert (done.token, done.owner, done.result) == (token_base(store) + 1, "w2", {"n": 2})
     with pytest.raises(ConfigError):
         store.find(limit=0)
 
@@ -188,10 +191,11 @@ def test_purge_older_than_deletes_only_old_done_and_dead_and_retires_tokens(
     """purge_older_than(s) deletes done and dead rows last updated before now - s (strictly),
     returns how many; ready and running rows (live or expired) stay whatever their age; a
     purged key claimed again continues after its last token, also after a second purge."""
+    base = token_base(store)
     assert store.finish(claim(store, "old-done"), 1)
     for _ in range(2):
         assert store.release(claim(store, "old-dead"))
-    assert store.kill(claim(store, "old-dead"), reason="x")   # token 3
+    assert store.kill(claim(store, "old-dead"), reason="x")   # token base + 3
     assert store.release(claim(store, "old-ready"))
     claim(store, "old-running", ttl=1000)
     claim(store, "old-expired", ttl=1)
@@ -205,14 +209,14 @@ def test_purge_older_than_deletes_only_old_done_and_dead_and_retires_tokens(
                                              "new-done"}
     assert store.purge_older_than(50) == 0  # updated exactly at the cutoff: kept
     assert store.purge_older_than(49.5) == 1
-    assert claim(store, "old-done").token == 2
+    assert claim(store, "old-done").token == base + 2
     recreated = claim(store, "old-dead")
-    assert (recreated.token, recreated.attempts, recreated.takeovers) == (4, 1, 0)
+    assert (recreated.token, recreated.attempts, recreated.takeovers) == (base + 4, 1, 0)
     assert store.finish(recreated, None)
     clock.now += 10
     assert store.purge_older_than(5) == 1  # old-dead again (old-done is running)
-    assert claim(store, "old-dead").token == 5
-    assert claim(store, "new-done").token == 2
+    assert claim(store, "old-dead").token == base + 5
+    assert claim(store, "new-done").token == base + 2
     with pytest.raises(ConfigError):
         store.purge_older_than(-1)
 
@@ -223,6 +227,7 @@ def test_sweep_expired_returns_each_expired_generation_once(
     recorded task info, each generation (key + token) once; not before expiry; never rows
     without task info, live rows or finished ones; a takeover's later expiry is a new
     generation, returned again; ``limit`` bounds one call."""
+    base = token_base(store)
     claim(store, "k", ttl=10, task=TASK)
     claim(store, "no-task", ttl=10)
     claim(store, "live", ttl=100, task=TASK)
@@ -231,17 +236,17 @@ def test_sweep_expired_returns_each_expired_generation_once(
     assert store.sweep_expired() == []
     clock.now = 110
     swept = store.sweep_expired()
-    assert [(r.key, r.token, r.state) for r in swept] == [("k", 1, LeaseState.RUNNING)]
+    assert [(r.key, r.token, r.state) for r in swept] == [("k", base + 1, LeaseState.RUNNING)]
     assert swept[0].task == TASK
     assert store.sweep_expired() == []
     clock.now = 150
     assert store.sweep_expired() == []  # still that expired generation: already swept
     taken = claim(store, "k", owner="w2", ttl=10, task=TASK)
-    assert (taken.token, taken.takeovers) == (2, 1)
+    assert (taken.token, taken.takeovers) == (base + 2, 1)
     # A claim without task info keeps the one recorded.
     assert store.get("k").task == TASK  # type: ignore[union-attr]
     clock.now = 160
-    assert [(r.key, r.token) for r in store.sweep_expired()] == [("k", 2)]
+    assert [(r.key, r.token) for r in store.sweep_expired()] == [("k", base + 2)]
     assert store.sweep_expired() == []
 
     for n in range(5):
@@ -262,6 +267,7 @@ def test_concurrent_sweepers_in_separate_processes_share_the_work_once(
     with open_store(store_url) as store:
         for key in keys:
             assert store.claim(key, owner="dead-worker", ttl=0.05, task=TASK) is not None
+        base = token_base(store)
     time.sleep(0.1)
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(4)
@@ -274,7 +280,7 @@ def test_concurrent_sweepers_in_separate_processes_share_the_work_once(
     for process in sweepers:
         process.join(30)
         assert process.exitcode == 0
-    assert sorted(got) == sorted((key, 1) for key in keys)
+    assert sorted(got) == sorted((key, base + 1) for key in keys)
 
 
 def test_release_with_delay_blocks_claims_until_not_before(
@@ -283,23 +289,25 @@ def test_release_with_delay_blocks_claims_until_not_before(
     before that instant is refused (the row stays ready, token kept), a claim at it succeeds
     with the next token and clears not_before; release without delay is claimable at once;
     a negative or non-finite delay is refused."""
+    base = token_base(store)
     lease = claim(store, "k")
     assert store.release(lease, delay=5, reason="backing off") is True
     record = store.get("k")
     assert record is not None
-    assert (record.state, record.token, record.reason) == (LeaseState.READY, 1, "backing off")
+    assert (record.state, record.token, record.reason) == (
+        LeaseState.READY, base + 1, "backing off")
     assert record.not_before == pytest.approx(105)
     clock.now = 104.99
     assert store.claim("k", owner="w2", ttl=10) is None
     assert store.get("k").state is LeaseState.READY  # type: ignore[union-attr]
     clock.now = 105
     again = claim(store, "k", owner="w2")
-    assert (again.token, again.attempts, again.takeovers) == (2, 2, 0)
+    assert (again.token, again.attempts, again.takeovers) == (base + 2, 2, 0)
     assert store.get("k").not_before is None  # type: ignore[union-attr]
     assert store.release(again, delay=0) is True
     assert store.get("k").not_before is None  # type: ignore[union-attr]
     third = claim(store, "k", owner="w3")
-    assert third.token == 3
+    assert third.token == base + 3
     for bad in (-1, float("nan"), float("inf")):
         with pytest.raises(ConfigError):
             store.release(third, delay=bad)
@@ -316,7 +324,7 @@ def test_kill_by_the_current_holder_only_and_dead_is_terminal(
     record = store.get("k")
     assert record is not None
     assert (record.state, record.token, record.reason) == (
-        LeaseState.DEAD, 1, "poison message")
+        LeaseState.DEAD, token_base(store) + 1, "poison message")
     assert store.claim("k", owner="w2", ttl=10) is None
     assert store.renew(lease, ttl=10) is None
     assert store.finish(lease, 1) is False

@@ -19,6 +19,7 @@ from freezegun import freeze_time
 
 from lease_celery import Lease, LeaseState, Store, open_store
 from lease_celery.testing import ManualClock
+from tests.support.tokens import token_base
 
 TTL = 10
 
@@ -53,7 +54,7 @@ def test_simultaneous_claims_have_exactly_one_winner_every_time(
     stores: list[Store], clock: ManualClock
 ) -> None:
     """Two workers with separate connections claiming the same fresh key at the same moment:
-    exactly one gets a Lease (token 1, expires_at = now + ttl), the other gets None; the row
+    exactly one gets a Lease (token base + 1, expires_at = now + ttl), the other gets None; the row
     names the winner. Repeated on 50 fresh keys, so a single lucky ordering proves nothing."""
     a, b = stores
     for i in range(50):
@@ -68,12 +69,13 @@ def test_simultaneous_claims_have_exactly_one_winner_every_time(
         assert len(winners) == 1, f"{key}: {got}"
         (winner,) = winners
         assert winner.key == key
-        assert winner.token == 1
+        base = token_base(a)
+        assert winner.token == base + 1
         assert winner.expires_at == 110
         record = a.get(key)
         assert record is not None
         assert record.state is LeaseState.RUNNING
-        assert (record.owner, record.token, record.attempts) == (winner.owner, 1, 1)
+        assert (record.owner, record.token, record.attempts) == (winner.owner, base + 1, 1)
 
 
 def test_seed_article_scenario(stores: list[Store], clock: ManualClock) -> None:
@@ -98,12 +100,15 @@ def test_seed_article_scenario(stores: list[Store], clock: ManualClock) -> None:
     winner_store, loser_store = stores[w], stores[1 - w]
     loser_owner = owners[1 - w]
     lease = got[w]
-    assert lease == Lease(key=key, owner=owners[w], token=1, expires_at=110, fence=lease.fence)
+    base = token_base(winner_store)
+    assert lease == Lease(key=key, owner=owners[w], token=base + 1, expires_at=110,
+                          fence=lease.fence)
 
     # t=103: the holder renews; the deadline moves to 103 + 10.
     clock.now = 103
     renewed = winner_store.renew(lease, ttl=TTL)
-    assert renewed == Lease(key=key, owner=owners[w], token=1, expires_at=113, fence=lease.fence)
+    assert renewed == Lease(key=key, owner=owners[w], token=base + 1, expires_at=113,
+                            fence=lease.fence)
     assert winner_store.get(key).expires_at == 113
 
     # t=110: the first deadline has passed but the renewed one has not: the loser still loses.
@@ -117,18 +122,20 @@ def test_seed_article_scenario(stores: list[Store], clock: ManualClock) -> None:
     assert winner_store.renew(renewed, ttl=TTL) is None
     assert winner_store.finish(renewed, {"stale": True}) is False
     assert winner_store.get(key) == before
-    assert before.state is LeaseState.RUNNING and before.token == 1
+    assert before.state is LeaseState.RUNNING and before.token == base + 1
 
     # The other worker takes over with a new generation.
     fresh = loser_store.claim(key, owner=loser_owner, ttl=TTL)
-    assert fresh == Lease(key=key, owner=loser_owner, token=2, expires_at=123, fence=fresh.fence)
+    assert fresh == Lease(key=key, owner=loser_owner, token=base + 2, expires_at=123,
+                          fence=fresh.fence)
     assert fresh.fence > lease.fence  # the store-wide fence grows with every claim
 
     # The stale holder wakes up: its finish (token 1, either Lease object) is refused.
     assert winner_store.finish(renewed, {"stale": True}) is False
     assert winner_store.finish(lease, {"stale": True}) is False
     record = loser_store.get(key)
-    assert (record.state, record.owner, record.token) == (LeaseState.RUNNING, loser_owner, 2)
+    assert (record.state, record.owner, record.token) == (
+        LeaseState.RUNNING, loser_owner, base + 2)
     assert record.result is None
 
     # The fresh holder's finish is accepted exactly once.
@@ -138,7 +145,7 @@ def test_seed_article_scenario(stores: list[Store], clock: ManualClock) -> None:
 
     final = winner_store.get(key)
     assert final.state is LeaseState.DONE
-    assert final.token == 2
+    assert final.token == base + 2
     assert final.owner == loser_owner
     assert final.attempts == 2
     assert final.result == result
@@ -194,12 +201,13 @@ def test_release_gives_the_key_back_and_tokens_never_restart(
     key = "report:release"
     clock.now = 100
     first = a.claim(key, owner="worker-a", ttl=TTL)
-    assert first is not None and first.token == 1
+    base = token_base(a)
+    assert first is not None and first.token == base + 1
 
     assert a.release(first) is True
     record = a.get(key)
     assert record.state is LeaseState.READY
-    assert record.token == 1
+    assert record.token == base + 1
 
     assert a.renew(first, ttl=TTL) is None
     assert a.finish(first, "late") is False
@@ -208,7 +216,7 @@ def test_release_gives_the_key_back_and_tokens_never_restart(
 
     second = b.claim(key, owner="worker-b", ttl=TTL)
     assert second is not None
-    assert second.token == 2
+    assert second.token == base + 2
     assert a.release(first) is False  # superseded lease: refused, row untouched
     assert b.get(key).owner == "worker-b"
 
@@ -218,10 +226,10 @@ def test_release_gives_the_key_back_and_tokens_never_restart(
     assert b.get(key) == before
 
     third = a.claim(key, owner="worker-a", ttl=TTL)
-    assert third is not None and third.token == 3
+    assert third is not None and third.token == base + 3
     assert a.release(third) is True
     fourth = a.claim(key, owner="worker-a", ttl=TTL)
-    assert fourth is not None and fourth.token == 4
+    assert fourth is not None and fourth.token == base + 4
     assert a.get(key).attempts == 4
 
 
@@ -243,7 +251,7 @@ def test_done_key_cannot_be_claimed_again(stores: list[Store], clock: ManualCloc
         assert a.claim(key, owner="worker-a", ttl=TTL) is None
     assert b.get(key) == done
     assert done.result == [1, 2, 3]
-    assert done.token == 1
+    assert done.token == token_base(a) + 1
 
 
 FROZEN_AT = datetime.datetime(2030, 1, 1, 12, 0, 0)

@@ -14,6 +14,7 @@ import pytest
 from lease_celery import LeaseState, Store
 from lease_celery.errors import ConfigError
 from lease_celery.testing import ManualClock
+from tests.support.tokens import token_base
 
 TASK = {"task": "proj.tasks.build", "args": [1], "kwargs": {}, "options": {"task_id": "t-1"}}
 GRACE = 30.0
@@ -44,7 +45,7 @@ def test_finish_with_settle_keeps_the_key_settling_until_its_owner_confirms(
     record = store.get("k")
     assert record is not None
     assert (record.state, record.settling, record.result, record.token) == (
-        LeaseState.DONE, True, {"n": 1}, 1)
+        LeaseState.DONE, True, {"n": 1}, token_base(store) + 1)
     assert record.expires_at == pytest.approx(105)
     assert record.task == TASK and record.task_id == "t-1"
     assert store.claim("k", owner="w2", ttl=10) is None
@@ -93,7 +94,7 @@ def test_a_settle_phase_past_its_deadline_is_completed_by_exactly_one_delivery(
     clock.advance(0.001)
     completer = second.claim_settlement("k", owner="w2", ttl=10)
     assert completer is not None
-    assert (completer.key, completer.owner, completer.token) == ("k", "w2", 1)
+    assert (completer.key, completer.owner, completer.token) == ("k", "w2", token_base(first) + 1)
     assert completer.expires_at == pytest.approx(115)
     assert first.claim_settlement("k", owner="w3", ttl=10) is None
     record = first.get("k")
@@ -117,7 +118,7 @@ def test_a_killed_key_settles_its_failure_like_a_finish(
         LeaseState.DEAD, True, "soft time limit exceeded")
     clock.advance(5)
     completer = store.claim_settlement("k", owner="w2", ttl=10)
-    assert completer is not None and completer.token == 1
+    assert completer is not None and completer.token == token_base(store) + 1
     assert store.settle(completer)
     record = store.get("k")
     assert record is not None
@@ -145,20 +146,21 @@ def test_a_sweepers_mark_expires_so_a_sweeper_that_died_loses_nothing(
     """Issue 9 (lost: a sweeper killed between its mark and its re-publish): a marked expired
     generation is not returned again within the grace period, and is returned again once it
     passed, as long as nobody claimed it; once per grace period, not once ever."""
+    base = token_base(store)
     claim(store, "k")
     clock.advance(10)
-    assert swept(store) == [("k", 1)]  # ... and this sweeper dies before it re-publishes
+    assert swept(store) == [("k", base + 1)]  # ... and this sweeper dies before it re-publishes
     clock.advance(GRACE - 0.5)
     assert swept(store) == []
     clock.advance(0.5)
-    assert swept(store) == [("k", 1)]
+    assert swept(store) == [("k", base + 1)]
     assert swept(store) == []
     clock.advance(GRACE)
-    assert swept(store) == [("k", 1)]
+    assert swept(store) == [("k", base + 1)]
     taken = claim(store, "k", owner="w2")  # the re-published task arrives: a takeover
-    assert taken.token == 2
+    assert taken.token == base + 2
     clock.advance(GRACE)
-    assert swept(store) == [("k", 2)]  # that generation died too
+    assert swept(store) == [("k", base + 2)]  # that generation died too
 
 
 def test_a_ready_row_nobody_claims_is_re_published_after_the_grace_period(
@@ -166,19 +168,20 @@ def test_a_ready_row_nobody_claims_is_re_published_after_the_grace_period(
     """Issue 9 (lost: a released key whose message is gone): a row released (or backing off)
     that nobody claimed a grace period after it became claimable is returned, once per grace
     period; a claim ends that; a row released with no task info is never returned."""
+    base = token_base(store)
     assert store.release(claim(store, "released"), reason="lease lost locally")
     assert store.release(claim(store, "backoff"), delay=20, reason="attempt 1 failed")
     assert store.release(claim(store, "no-task", task=None), reason="direct call")
     clock.advance(GRACE - 0.5)
     assert swept(store) == []
     clock.advance(0.5)
-    assert swept(store) == [("released", 1)]
+    assert swept(store) == [("released", base + 1)]
     clock.advance(19.5)  # backoff's not_before (120) + grace = 150
     assert swept(store) == []
     clock.advance(0.5)
-    assert swept(store) == [("backoff", 1)]
+    assert swept(store) == [("backoff", base + 1)]
     clock.advance(GRACE - 20)  # 160: "released" was marked at 130 -> due again
-    assert swept(store) == [("released", 1)]
+    assert swept(store) == [("released", base + 1)]
     claim(store, "released", owner="w2")
     claim(store, "backoff", owner="w2")
     clock.advance(5)
@@ -189,6 +192,7 @@ def test_a_settle_phase_past_its_deadline_is_swept_and_settled_rows_never_are(
         store: Store, clock: ManualClock) -> None:
     """A settling row past its deadline is returned (re-published, it completes the key); a
     settled one, a plain finish and a dead key are never returned."""
+    base = token_base(store)
     settling = claim(store, "settling")
     assert store.finish(settling, 1, settle_within=5)
     settled = claim(store, "settled")
@@ -199,9 +203,9 @@ def test_a_settle_phase_past_its_deadline_is_swept_and_settled_rows_never_are(
     clock.advance(4.9)
     assert swept(store) == []
     clock.advance(0.1)
-    assert swept(store) == [("settling", 1)]
+    assert swept(store) == [("settling", base + 1)]
     clock.advance(GRACE)
-    assert swept(store) == [("settling", 1)]
+    assert swept(store) == [("settling", base + 1)]
     completer = store.claim_settlement("settling", owner="w2", ttl=5)
     assert completer is not None and store.settle(completer)
     clock.advance(GRACE)
@@ -212,14 +216,15 @@ def test_a_failed_republish_is_unmarked_and_returned_by_the_next_sweep(
         store: Store, clock: ManualClock) -> None:
     """sweep_unmark (the broker refused the re-publish) makes the row due at the next sweep,
     for an expired lease and for a ready row alike; a wrong token unmarks nothing."""
+    base = token_base(store)
     claim(store, "running")
     assert store.release(claim(store, "ready"), reason="lost")
     clock.advance(GRACE)
-    assert sorted(swept(store)) == [("ready", 1), ("running", 1)]
-    assert store.sweep_unmark("running", 7) is False
-    assert store.sweep_unmark("running", 1) is True
-    assert store.sweep_unmark("ready", 1) is True
-    assert sorted(swept(store)) == [("ready", 1), ("running", 1)]
+    assert sorted(swept(store)) == [("ready", base + 1), ("running", base + 1)]
+    assert store.sweep_unmark("running", base + 7) is False
+    assert store.sweep_unmark("running", base + 1) is True
+    assert store.sweep_unmark("ready", base + 1) is True
+    assert sorted(swept(store)) == [("ready", base + 1), ("running", base + 1)]
     assert swept(store) == []
     with pytest.raises(ConfigError):
         store.sweep_expired(grace=-1)
@@ -247,4 +252,5 @@ def test_a_settled_redis_row_is_kept_in_the_compact_encoding(redis_store_url: st
             record = store.get(key)
             assert record is not None and record.result == {"n": 1}
             assert record.task == {"options": {"task_id": "t-1"}}  # only the id is kept
-            assert (record.state, record.token, record.settling) == (LeaseState.DONE, 1, False)
+            assert (record.state, record.token, record.settling) == (
+                LeaseState.DONE, token_base(store) + 1, False)

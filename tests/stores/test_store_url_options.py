@@ -202,7 +202,7 @@ def test_every_accepted_option_is_accepted(tmp_path: Path) -> None:
                                 "&sslmode=disable&application_name=a&options=-c%20x%3Dy"),
         _server_url("redis", "prefix=p:&socket_timeout=1.5&socket_connect_timeout=2"
                              "&health_check_interval=0&client_name=walker&socket_keepalive=true"
-                             "&db=13"),
+                             "&db=13&wait_replicas=1&wait_timeout=0.5"),
     ]
     for url in urls:
         store_class(url).check_url(url)
@@ -221,6 +221,15 @@ LEASE = Lease("walk:1", "walker", 1, 0.0, 1)
 def _fenced(store: Store) -> None:
     with store.fenced(LEASE):
         pass
+
+
+def _reset_epoch(store: Store) -> object:
+    """The SQL stores keep no epoch: they say so (ConfigError) without their server."""
+    try:
+        return store.reset_epoch()
+    except ConfigError as exc:
+        assert "keeps no epoch" in str(exc)
+        return None
 
 
 #: How the walk calls each public member of the Store contract.
@@ -263,14 +272,17 @@ RECIPES: dict[str, Callable[[Store], object]] = {
     "effect_restart": lambda s: s.effect_restart("walk:effect", version=1, lease=LEASE),
     "effect_delete": lambda s: s.effect_delete("walk:effect", version=1),
     "now": lambda s: s.now(),
+    "epoch": lambda s: s.epoch(),
+    "reset_epoch": _reset_epoch,
     "check_url": lambda s: type(s).check_url(s.url),
     "close": lambda s: s.close(),  # last: the others must not depend on it
 }
 
 #: Members that answer without the server: they must return, not raise.
 NO_SERVER: dict[str, set[str]] = {
-    "sqlite": {"now", "check_url", "close"},  # the SQLite clock is the host's
-    "postgres": {"check_url", "close"},
+    # The SQLite clock is the host's; the SQL stores keep no epoch.
+    "sqlite": {"now", "check_url", "close", "epoch", "reset_epoch"},
+    "postgres": {"check_url", "close", "epoch", "reset_epoch"},
     "redis": {"check_url", "close", "prune_history"},  # Redis caps history instead of pruning
 }
 #: Members a store does not offer: a StoreError of its own (no driver error behind it).

@@ -23,6 +23,7 @@ from lease_celery.web import WebApp, make_app
 from lease_celery.web.serve import is_loopback
 from tests.conftest import fresh_store_url
 from tests.support.policy_helpers import CELERY, cli_env, run_cli
+from tests.support.tokens import token_base
 
 TOKEN = "operator-token-0123456789"
 EVIL_KEY = "report:<script>alert('key')</script>/a?b=1&c#d \"q\""
@@ -114,7 +115,7 @@ def _populate(store: Store) -> None:
     assert first is not None
     while store.claim("run:1", owner="w2:2:bb/1", ttl=600) is None:
         pass
-    store.record_history("run:1", "stale_refused", owner=first.owner, token=1,
+    store.record_history("run:1", "stale_refused", owner=first.owner, token=first.token,
                          detail="late finish <img src=x onerror=alert(1)>")
     lease = store.claim(EVIL_KEY, owner="w1:1:aa/2", ttl=600)
     assert lease is not None
@@ -164,7 +165,8 @@ def test_every_page_renders_with_its_data(store: Store, app: WebApp) -> None:
     page = client.get("/key", key=EVIL_KEY)
     assert page.status == 200 and "<svg" in page.text and "Checkpoint" in page.text
     assert 'id="requeue"' in page.text and "http-equiv" not in page.text
-    assert client.get("/key", key="run:1").text.count("token 2 (current)") == 1
+    current = f"token {token_base(store) + 2} (current)"
+    assert client.get("/key", key="run:1").text.count(current) == 1
     assert 'name="key"' in client.get("/key").text
     css = client.get("/static/dashboard.css")
     assert css.status == 200 and (css.header("Content-Type") or "").startswith("text/css")

@@ -19,6 +19,7 @@ from celery import Celery, signals
 
 import lease_celery
 from lease_celery import LeasedTask, LeaseLost
+from tests.support.tokens import token_base
 
 BROKER = os.environ.get("LEASE_TEST_BROKER", "redis://127.0.0.1:6379/11")
 JOURNAL = os.environ.get("LEASE_TEST_JOURNAL", "journal")
@@ -54,6 +55,12 @@ def record(event: str, **fields: Any) -> None:
     entry = {"event": event, "pid": os.getpid(), "host": socket.gethostname(),
              "t": time.time(), **fields}
     _redis.rpush(JOURNAL, json.dumps(entry, default=str))
+
+
+def first_generation(task: LeasedTask) -> bool:
+    """Is this the key's first claim? Its token is then the store's base + 1 (1 on the SQL
+    stores, the epoch's floor + 1 on Redis: tests/support/tokens.py)."""
+    return task.lease.token == token_base(task.lease_store) + 1
 
 
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
@@ -207,7 +214,7 @@ def publish_then_stall(self: LeasedTask, job_id: str, target: str,
 
     sent = self.effect(f"publish:{job_id}:v1", payload, send)
     record("effect_returned", job_id=job_id, token=token, result=sent)
-    if token == 1:
+    if first_generation(self):
         time.sleep(stall)
     return {"job_id": job_id, "token": token, "sent": sent}
 
@@ -228,7 +235,7 @@ def publish_then_die(self: LeasedTask, job_id: str, target: str) -> dict[str, An
     def send(idempotency_key: str) -> dict[str, Any]:
         record("effect_fn_called", job_id=job_id, token=token, idempotency_key=idempotency_key)
         sent = _target_send(target, idempotency_key, payload, token)
-        if token == 1:
+        if first_generation(self):
             os._exit(1)
         return sent
 
@@ -348,13 +355,14 @@ def _open_store_connections(store: Any, count: int = 4) -> None:
 
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
 def settle_until_lost(self: LeasedTask, job_id: str, first_for: float = 20.0) -> dict[str, Any]:
-    """Token 1 runs (checking the lease every 0.1 s) for up to ``first_for`` seconds, i.e.
-    until ``check()`` raises LeaseLost; later generations return at once.
+    """The first generation runs (checking the lease every 0.1 s) for up to ``first_for``
+    seconds, i.e. until ``check()`` raises LeaseLost; later generations return at once.
 
-    Token 1 first opens a few store connections at once, so that while the test slows the
-    store's replies down the heartbeat and the body each find a connection already open (a new
-    one would cost several slow round trips to set up, and change the timing under test)."""
-    first = self.lease.token == 1
+    The first generation first opens a few store connections at once, so that while the test
+    slows the store's replies down the heartbeat and the body each find a connection already
+    open (a new one would cost several slow round trips to set up, and change the timing under
+    test)."""
+    first = first_generation(self)
     if first:
         _open_store_connections(self.lease_store)
     return _checked_run(self, job_id, first_for if first else 0.0)
@@ -437,7 +445,7 @@ def soft_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
     later ones return at once."""
     token = self.lease.token
     record("body_start", job_id=job_id, token=token, task_id=self.request.id)
-    if token == 1:
+    if first_generation(self):
         time.sleep(3.0)
     return {"job_id": job_id, "token": token}
 
@@ -449,7 +457,7 @@ def hard_limited_retried(self: LeasedTask, job_id: str) -> dict[str, Any]:
     the pool kills it), later ones return at once."""
     token = self.lease.token
     record("body_start", job_id=job_id, token=token, task_id=self.request.id)
-    if token == 1:
+    if first_generation(self):
         time.sleep(3.0)
     return {"job_id": job_id, "token": token}
 

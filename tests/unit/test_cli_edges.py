@@ -30,7 +30,7 @@ Cli = Callable[..., CompletedProcess[str]]
 COMMANDS: dict[str, list[str]] = {
     "list": [], "show": ["k"], "history": ["k"], "release": ["k"], "cancel": ["k"],
     "requeue": ["k"], "purge": ["--older-than", "1d"], "stats": [], "sweep": [],
-    "doctor": [], "web": ["--port", "0"],
+    "doctor": [], "web": ["--port", "0"], "reset-epoch": ["--accept-data-loss"],
 }
 
 

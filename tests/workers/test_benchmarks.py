@@ -37,6 +37,19 @@ def test_store_cycle_benchmark_runs_on_every_store() -> None:
     assert all(value > 0 for values in rows.values() for value in values), run.stdout
 
 
+def test_redis_replicas_benchmark_measures_both_sides() -> None:
+    """``benchmarks/redis_replicas.py`` with tiny bursts starts a primary and a replica of its
+    own and prints cycles/s without and with ``wait_replicas=1``, and their ratio."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.redis_replicas", "--seconds", "0.05",
+                          "--rounds", "2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    rates = re.findall(r"^(no wait|wait_replicas=1)\s+([\d,]+)$", run.stdout, re.MULTILINE)
+    assert [side for side, _ in rates] == ["no wait", "wait_replicas=1"], run.stdout
+    assert all(float(value.replace(",", "")) > 0 for _, value in rates), run.stdout
+    assert re.search(r"^ratio wait/no wait: [\d.]+$", run.stdout, re.MULTILINE), run.stdout
+
+
 def test_heartbeat_cost_benchmark_prints_a_row_per_store_and_loses_nothing() -> None:
     """``benchmarks/heartbeat_cost.py``, tiny (10 leases, short interval): a row per store and
     start pattern with round trips and leases renewed per interval, and 0 leases lost."""

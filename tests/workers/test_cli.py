@@ -28,6 +28,7 @@ from tests.support.policy_helpers import (
     run_cli,
     wait_until,
 )
+from tests.support.tokens import token_base
 from tests.support.workers import WorkerPool
 
 Cli = Callable[..., CompletedProcess[str]]
@@ -58,7 +59,8 @@ def cli(lease_url: str, tmp_path: Path) -> Cli:
 
 
 def _populate(store: Store) -> dict[str, int]:
-    """a:run running (owner w1), a:done done, b:dead dead, b:ready ready; returns tokens."""
+    """a:run running (owner w1), a:done done, b:dead dead, b:ready ready; returns tokens
+    (each the key's first: base + 1, tests/support/tokens.py)."""
     running = store.claim("a:run", owner="w1", ttl=600)
     assert running is not None
     done = store.claim("a:done", owner="w2", ttl=600)
@@ -67,7 +69,9 @@ def _populate(store: Store) -> dict[str, int]:
     assert dead is not None and store.kill(dead, reason="given up")
     ready = store.claim("b:ready", owner="w3", ttl=600)
     assert ready is not None and store.release(ready, reason="later")
-    return {"a:run": 1, "a:done": 1, "b:dead": 1, "b:ready": 1}
+    first = token_base(store) + 1
+    assert [lease.token for lease in (running, done, dead, ready)] == [first] * 4
+    return {"a:run": first, "a:done": first, "b:dead": first, "b:ready": first}
 
 
 def test_list_filters_by_state_prefix_and_owner(store: Store, cli: Cli) -> None:
@@ -193,8 +197,9 @@ def test_purge_keeps_recent_rows_and_recreated_keys_continue_their_tokens(
     again = store.claim("a:done2", owner="w", ttl=600)
     assert again is not None and store.release(again)
     again = store.claim("a:done2", owner="w", ttl=600)
-    assert again is not None and again.token == 2 and store.finish(again, None)
-    tokens["a:done2"] = 2
+    base = token_base(store)
+    assert again is not None and again.token == base + 2 and store.finish(again, None)
+    tokens["a:done2"] = base + 2
 
     kept = cli("--json", "purge", "--older-than", "7d")
     assert kept.returncode == 0, kept.stderr

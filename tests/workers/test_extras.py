@@ -46,6 +46,7 @@ import pytest
 from lease_celery import LeaseState, open_store
 from tests.support.rabbitmq import private_vhost
 from tests.support.servers import REDIS_URL
+from tests.support.tokens import token_base
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a user's sdist would not carry either; copied trees stay small and clean.
@@ -216,13 +217,14 @@ def scene() -> Iterator[list[Scene]]:
 
 
 def _check_task(result: dict[str, Any], venv: Path, store_url: str) -> None:
-    """The worker ran the task from the venv's lease_celery, under token 1, and the store
-    recorded that result as done."""
-    assert result["n"] == 42 and result["token"] == 1
-    assert result["lease_celery"].startswith(str(venv))
+    """The worker ran the task from the venv's lease_celery, under the key's first token
+    (base + 1), and the store recorded that result as done."""
     with open_store(store_url) as store:
         record = store.get("extras:21")
-    assert record is not None and (record.state, record.token) == (LeaseState.DONE, 1)
+        base = token_base(store)
+    assert result["n"] == 42 and result["token"] == base + 1
+    assert result["lease_celery"].startswith(str(venv))
+    assert record is not None and (record.state, record.token) == (LeaseState.DONE, base + 1)
     assert record.result == result
 
 

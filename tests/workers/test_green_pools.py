@@ -23,6 +23,7 @@ import pytest
 from lease_celery import LeaseRecord, LeaseState, open_store
 from lease_celery.doctor import diagnose
 from tests.stores.test_doctor import by_code, make_app
+from tests.support.tokens import token_base
 from tests.support.workers import REPO, Worker, WorkerPool
 
 SPIN = "tests.support.green_app.spin"
@@ -102,8 +103,9 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
                              timeout=20, what="the sleeping body to start")
     spun = workers.client.send_task(SPIN, args=(spinner, 5.0))
     spun_result, slept_result = spun.get(timeout=30), slept.get(timeout=30)
-    assert spun_result["token"] == 1
-    assert slept_result["token"] == 1
+    base = token_base(workers.store_url)
+    assert spun_result["token"] == base + 1
+    assert slept_result["token"] == base + 1
     # Two executions at once in one green process: each claim has an owner of its own,
     # `<process owner>/<n>`, and both share the process part, `host:pid:uuid`
     # (lease_celery.identity), the pid being the process that ran both bodies.
@@ -116,14 +118,16 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
     assert [str(pid) for pid in pids] == [parts[0][0].split(":")[-2]], (owners, pids)
     time.sleep(1.0)  # a second run, if anything expired, would start now
     for job in (sleeper, spinner):
-        assert [s["token"] for s in workers.journal.events("body_start", job_id=job)] == [1]
+        starts = workers.journal.events("body_start", job_id=job)
+        assert [s["token"] for s in starts] == [base + 1]
         record = _record(workers, f"job:{job}")
         assert record is not None
-        assert (record.state, record.token, record.takeovers) == (LeaseState.DONE, 1, 0)
+        assert (record.state, record.token, record.takeovers) == (LeaseState.DONE, base + 1, 0)
     assert workers.journal.events("lease_lost") == []
     workers.journal.wait_for(lambda j: bool(j.events("body_end", job_id=orphan)), timeout=10,
                              what="the swept orphan to run")
-    assert [s["token"] for s in workers.journal.events("body_start", job_id=orphan)] == [2]
+    assert [s["token"] for s in workers.journal.events("body_start", job_id=orphan)] == [
+        base + 2]
     assert len(workers.journal.events("lease_swept", key=f"job:{orphan}")) == 1
     assert [e["key"] for e in workers.journal.events("lease_taken_over")] == [f"job:{orphan}"]
     spin_end = workers.journal.events("body_end", job_id=spinner)
@@ -164,7 +168,8 @@ def test_a_refused_renewal_is_noticed_by_check_in_a_green_task(
                              timeout=5, what="lease_lost")
     assert not workers.journal.events("body_end", job_id=job)
     record = _record(workers, f"job:{job}")
-    assert record is not None and (record.owner, record.token) == ("usurper", 2)
+    assert record is not None and (record.owner, record.token) == (
+        "usurper", token_base(workers.store_url) + 2)
 
 
 @pytest.mark.worker
@@ -184,7 +189,8 @@ def test_shutdown_under_a_green_pool_settles_or_releases_what_it_holds(
     assert warm.process.wait(15) == 0
     record = _record(workers, f"job:{job}")
     assert record is not None
-    assert (record.state, record.token, record.settling) == (LeaseState.DONE, 1, False)
+    base = token_base(workers.store_url)
+    assert (record.state, record.token, record.settling) == (LeaseState.DONE, base + 1, False)
 
     cold = start_green(workers, "cold", pool)
     job = _job()
@@ -197,7 +203,7 @@ def test_shutdown_under_a_green_pool_settles_or_releases_what_it_holds(
     assert time.monotonic() - signalled_at < 5
     record = _record(workers, f"job:{job}")
     assert record is not None
-    assert (record.state, record.token) == (LeaseState.READY, 1)
+    assert (record.state, record.token) == (LeaseState.READY, base + 1)
     assert "shutdown" in (record.reason or "")
 
 

@@ -31,6 +31,7 @@ from celery.result import AsyncResult
 from benchmarks.chaos.proxy import DelayingProxy
 from lease_celery import LeaseRecord, LeaseState, open_store
 from tests.support.servers import REDIS_URL
+from tests.support.tokens import token_base
 from tests.support.workers import Journal, WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -153,7 +154,8 @@ def test_lease_lost_to_a_slow_store_runs_the_task_again_instead_of_failing_it(
     job, task_id = _job(), str(uuid.uuid4())
     key = f"job:{job}"
     result = workers.client.send_task(UNTIL_LOST, args=(job,), task_id=task_id)
-    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job, token=1)),
+    first = token_base(workers.store_url) + 1
+    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job, token=first)),
                              timeout=20, what="the first generation to start")
     slow_store.delay = 1.2 * ttl
     try:

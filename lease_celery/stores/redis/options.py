@@ -12,6 +12,7 @@ without connecting.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, unquote
 
@@ -19,7 +20,7 @@ from ...checks import check_ttl
 from ...errors import ConfigError
 from ..urls import choice_option, url_options, whole_option
 
-__all__ = ["connection_options"]
+__all__ = ["ReplicaWait", "connection_options"]
 
 
 _FLAGS = {"1": True, "t": True, "true": True, "y": True, "yes": True, "on": True,
@@ -78,19 +79,40 @@ _PASSED_ON_TLS: dict[str, Callable[[str, str], Any]] = {
 }
 
 
-def connection_options(parts: SplitResult, shown: str) -> tuple[str, dict[str, Any]]:
-    """The key prefix and redis-py's keyword arguments from a store URL, every option
-    checked; ``ConfigError`` naming the first that is unknown or whose value is bad."""
+@dataclass(frozen=True)
+class ReplicaWait:
+    """``?wait_replicas=N&wait_timeout=S``: after each write that matters (claim, finish,
+    kill, release, settle, effect receipts) the store sends ``WAIT N`` and answers only once N
+    replicas acknowledged it, or raises ``StoreError`` after ``S`` seconds (default 1)."""
+
+    replicas: int
+    timeout: float
+
+    @property
+    def timeout_ms(self) -> int:
+        return max(1, round(self.timeout * 1000))
+
+
+#: The store's own options (not redis-py's).
+_OWN = ("prefix", "wait_replicas", "wait_timeout")
+
+
+def connection_options(parts: SplitResult, shown: str
+                       ) -> tuple[str, ReplicaWait | None, dict[str, Any]]:
+    """The key prefix, the replica wait (None: no ``wait_replicas``) and redis-py's keyword
+    arguments from a store URL, every option checked; ``ConfigError`` naming the first that is
+    unknown or whose value is bad."""
     tls = parts.scheme.lower() == "rediss"
     passed_on = {**_PASSED_ON, **(_PASSED_ON_TLS if tls else {})}
-    query = url_options("redis", parts, shown, ["prefix"],
+    query = url_options("redis", parts, shown, _OWN,
                         passed_on=[*_PASSED_ON, *_PASSED_ON_TLS], passed_to="redis-py")
-    tls_only = sorted(set(query) - set(passed_on) - {"prefix"})
+    tls_only = sorted(set(query) - set(passed_on) - set(_OWN))
     if tls_only:
         raise ConfigError(f"redis URL option{'s' if len(tls_only) > 1 else ''} "
                           f"{', '.join(map(repr, tls_only))} in {shown!r} only apply to TLS "
                           "connections: use a rediss:// URL")
     prefix = query.pop("prefix", "lease_celery:")
+    wait = _replica_wait(query.pop("wait_replicas", None), query.pop("wait_timeout", None))
     kwargs = {name: passed_on[name](name, raw) for name, raw in query.items()}
     path = unquote(parts.path).strip("/")
     if path:
@@ -102,4 +124,14 @@ def connection_options(parts: SplitResult, shown: str) -> tuple[str, dict[str, A
                               f"db={kwargs['db']} in its options: give one")
     kwargs.setdefault("socket_connect_timeout", 5.0)
     kwargs.setdefault("socket_timeout", 5.0)
-    return prefix, kwargs
+    return prefix, wait, kwargs
+
+
+def _replica_wait(replicas: str | None, timeout: str | None) -> ReplicaWait | None:
+    if replicas is None:
+        if timeout is not None:
+            raise ConfigError("redis URL option wait_timeout only applies with wait_replicas=N")
+        return None
+    count = whole_option("redis", "wait_replicas", replicas, minimum=1)
+    seconds = 1.0 if timeout is None else _seconds("wait_timeout", timeout)
+    return ReplicaWait(replicas=count, timeout=seconds)

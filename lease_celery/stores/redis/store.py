@@ -4,9 +4,19 @@ Each operation is one Lua script, run atomically by the server on the server's c
 (``TIME``). Keys live under a prefix (``?prefix=lease_celery:``); every lease key has a token
 counter of its own beside its hash, so a purged and re-created key never restarts at 1.
 
-Limit: Redis replicates asynchronously. A failover can lose the latest writes, and with them a
-claim, so a token can go backwards and two owners can both believe they hold a key. PostgreSQL
-is the store for strict fencing across failover.
+The store's epoch: the first open writes an epoch record (``<prefix>epoch``: a random id, the
+creation time, and a floor that every token and fence number of the epoch is above). Every
+script checks that the record is still the one this store object opened: a Redis restarted
+without persistence, or a failover to a replica without the record, is caught at the next
+call by any process that used the store before, which marks the record lost; from then on
+every process's writes are refused with ``StoreDataLost`` until an operator runs ``celery -A
+APP leases reset-epoch --accept-data-loss``. An empty store opens without a step. Counters
+start above the epoch's creation time in microseconds, so even a store that lost everything
+with every process restarted never hands out a token or fence number again.
+
+Limit: a loss that leaves the epoch record (``appendfsync everysec`` losing its last second, a
+replica that lagged by a few writes) is not seen. Redis replicates asynchronously; PostgreSQL
+is the store for strict fencing across failover (``doctor`` checks the persistence settings).
 """
 
 from __future__ import annotations
@@ -21,10 +31,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from ...errors import ConfigError, StoreError
+from ...errors import ConfigError, StoreDataLost, StoreError
 from ...extras import needs
 from ...identity import owned_by
-from ...models import EffectState, HistoryEntry, Lease, LeaseState
+from ...models import EffectState, EpochReset, HistoryEntry, Lease, LeaseState, StoreEpoch
 from ..base import Clock, Row, Store, lease_params
 from ..rows import task_id_only
 from ..urls import server_address
@@ -57,6 +67,12 @@ def _server_errors(method: Callable[Concatenate[RedisStore, _P], _T]
     return wrapped
 
 
+#: The scripts whose writes ``?wait_replicas=N`` waits for: those a failover must not lose
+#: (a claim's token, an accepted outcome, a receipt), and the epoch itself.
+_REPLICATED = frozenset({"claim", "claim_settlement", "fenced_write", "settle_many",
+                         "effect_insert", "effect_restart", "effect_update", "epoch_open",
+                         "epoch_reset"})
+
 #: The fields of a claimed row, in the order the claim script answers with them.
 _CLAIMED = ("token", "expires_at", "fence", "attempts", "takeovers", "cancel")
 
@@ -67,7 +83,10 @@ logger = logging.getLogger(__name__)
 class RedisStore(Store):
     """Lease store on Redis (``redis://host:port/db``, ``rediss://`` for TLS).
 
-    URL options: ``prefix`` (default ``lease_celery:``), and the redis-py connection options
+    URL options: ``prefix`` (default ``lease_celery:``); ``wait_replicas=N`` (and
+    ``wait_timeout``, seconds, default 1): after each claim, outcome and receipt write, wait
+    for N replicas to acknowledge it (Redis ``WAIT``), else ``StoreError``; and the redis-py
+    connection options
     the store hands on: ``socket_timeout`` and ``socket_connect_timeout`` (seconds, default
     5), ``socket_keepalive``, ``health_check_interval``, ``client_name``, ``db``, and on
     ``rediss://`` the ``ssl_*`` ones (``ssl_cert_reqs``, ``ssl_ca_certs``, ...). Any other
@@ -80,7 +99,8 @@ class RedisStore(Store):
         self._clock = clock
         parts = urlsplit(url)
         self._where = server_address("redis", parts, 6379)
-        self.prefix, connection = connection_options(parts, f"{parts.scheme}://{self._where}")
+        self.prefix, self._wait, connection = connection_options(
+            parts, f"{parts.scheme}://{self._where}")
         try:
             # redis-py would silently re-send after a dropped connection; _call does it instead,
             # knowing that a re-sent write may be judged against the first one's effect.
@@ -95,6 +115,8 @@ class RedisStore(Store):
                          for name, body in SCRIPTS.items()}
         self._caller = ScriptCaller(self._client.connection_pool)
         self._lock = threading.Lock()
+        # The epoch this store object opened (None: not yet: the first call opens it).
+        self._epoch: StoreEpoch | None = None
 
     @property
     def _running(self) -> str:
@@ -142,24 +164,90 @@ class RedisStore(Store):
 
     def _call(self, script: str, keys: list[str], args: list[Any], *,
               if_resent: Callable[[Any], Any] | None = None) -> Any:
-        """Run one script; after a dropped connection, send it once more (see ``if_resent``).
+        """Run one script in this store's epoch (opening it first); after a dropped
+        connection, send it once more (see ``if_resent``).
 
         A script whose reply was lost may have run; ``if_resent`` corrects the re-sent copy's
-        answer, which is judged against the first one's effect.
+        answer, which is judged against the first one's effect. A script refused because an
+        operator reset the epoch wrote nothing: it is sent again in the new epoch.
         """
+        for _ in (1, 2):
+            try:
+                return self._send(script, keys, args, self._opened().id, if_resent)
+            except _EpochChanged:
+                self._epoch = None
+        raise StoreError(f"redis lease store at {self._where}: its epoch changed twice during "
+                         "one call")
+
+    def _send(self, script: str, keys: list[str], args: list[Any], epoch: str,
+              if_resent: Callable[[Any], Any] | None) -> Any:
+        header = [f"{self.prefix}epoch", epoch, self._injected_now()]
+        wait = self._wait if script in _REPLICATED else None
         for attempt in (1, 2):
             try:
-                reply = self._caller.run(self._scripts[script], keys,
-                                         [self._injected_now(), *args])
+                reply, acknowledged = self._caller.run(
+                    self._scripts[script], keys, [*header, *args],
+                    wait=None if wait is None else (wait.replicas, wait.timeout_ms))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if attempt == 2:
                     raise self._failed(exc) from exc
                 logger.warning("redis lease store at %s: %s; sending again", self._where, exc)
                 continue
+            except redis.ResponseError as exc:
+                raise self._refused(exc) from exc
             except redis.RedisError as exc:
                 raise self._failed(exc) from exc
+            if wait is not None and acknowledged is not None and acknowledged < wait.replicas:
+                raise StoreError(
+                    f"redis lease store at {self._where}: {script} reached the primary, but "
+                    f"{acknowledged} of the {wait.replicas} replicas wait_replicas asks for "
+                    f"acknowledged it within {wait.timeout:g}s: a failover now could lose it")
             return if_resent(reply) if attempt == 2 and if_resent is not None else reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refused(self, exc: redis.ResponseError) -> Exception:
+        """A script's error reply: the epoch's (lost, or reset by an operator), or the server's."""
+        text = str(exc)
+        if text.startswith("LEASE_EPOCH_CHANGED"):
+            return _EpochChanged(text)
+        if text.startswith("LEASE_EPOCH_LOST"):
+            return StoreDataLost(
+                f"redis lease store at {self._where} (prefix {self.prefix!r}) lost its data: "
+                f"{text.removeprefix('LEASE_EPOCH_LOST').strip()}. A restart without "
+                "persistence, or a failover to a replica that lagged, drops acknowledged "
+                "writes: running leases, tokens and receipts. Nothing is granted until an "
+                "operator runs `celery -A APP leases reset-epoch --accept-data-loss`")
+        return self._failed(exc)
+
+    # -- the epoch (the prelude of every script checks it) ----------------------------------
+
+    def _opened(self) -> StoreEpoch:
+        """The epoch this store object works in, opening it on first use."""
+        epoch = self._epoch
+        if epoch is None:
+            with self._lock:
+                if self._epoch is None:
+                    reply = self._send("epoch_open", [
+                        f"{self.prefix}epoch", f"{self.prefix}fence", self._running,
+                        f"{self.prefix}terminal", f"{self.prefix}history"],
+                        [uuid.uuid4().hex], "", None)
+                    self._epoch = _epoch_of(reply)
+                epoch = self._epoch
+        return epoch
+
+    def epoch(self) -> StoreEpoch:
+        """The epoch this store object works in, checked against the server now
+        (``StoreDataLost`` if the store lost it)."""
+        self._call("now", [], [])  # every script's prelude checks the epoch
+        return self._opened()
+
+    def reset_epoch(self) -> EpochReset:
+        reply = self._send("epoch_reset", [f"{self.prefix}epoch"], [uuid.uuid4().hex], "",
+                           None)
+        self._epoch = epoch = _epoch_of(reply)
+        replaced, state, why = reply[3:6]
+        return EpochReset(epoch=epoch, replaced=replaced or None,
+                          lost=(why or "marked lost") if state == "lost" else None)
 
     # -- primitives (Store checks and decodes; these only run scripts and reads) ----------
 
@@ -384,6 +472,16 @@ class RedisStore(Store):
     def close(self) -> None:
         self._caller.close()
         self._client.close()
+
+
+class _EpochChanged(Exception):
+    """An operator reset the epoch since this store object opened it: the script wrote
+    nothing, and goes again in the new epoch."""
+
+
+def _epoch_of(reply: Sequence[Any]) -> StoreEpoch:
+    epoch_id, floor, created_at = reply[:3]
+    return StoreEpoch(id=str(epoch_id), floor=int(floor), created_at=float(created_at))
 
 
 def _pattern(head: str) -> str:

@@ -47,19 +47,29 @@ class ScriptCaller:
         self._pid = os.getpid()
         self._idle: list[tuple[Any, float]] = []  # (connection, monotonic time it came back)
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
+            wait: tuple[int, int] | None = None) -> tuple[Any, int | None]:
         """``EVALSHA`` of ``script``; loads it first if the server lost it (a restart, or
-        ``SCRIPT FLUSH``). Raises redis-py's errors, as ``Script.__call__`` would."""
+        ``SCRIPT FLUSH``). Raises redis-py's errors, as ``Script.__call__`` would.
+
+        ``wait`` (replicas, timeout in ms): then ``WAIT`` on the same connection (it waits for
+        this connection's writes); answers the reply and how many replicas acknowledged it
+        (None without ``wait``).
+        """
         connection = self._checkout()
+        acknowledged = None
         try:
             reply = _evalsha(connection, script, keys, args)
+            if wait is not None:
+                connection.send_command("WAIT", *wait)
+                acknowledged = int(connection.read_response())
         except BaseException as exc:
             connection.disconnect()
             if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
                 self.close()  # the idle ones most likely died with it
             raise
         self._idle.append((connection, time.monotonic()))
-        return reply
+        return reply, acknowledged
 
     def close(self) -> None:
         idle, self._idle = self._idle, []

@@ -10,11 +10,11 @@ local ready = state == 'ready' and (not not_before or tonumber(not_before) <= t)
 if state and not ready and not takeover then
   return false
 end
-local token = redis.call('INCR', KEYS[2])
-local fence = redis.call('INCR', KEYS[3])  -- the store-wide fence
+local token = next_counter(KEYS[2])
+local fence = next_counter(KEYS[3])  -- the store-wide fence
 local deadline = fmt(t + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', token,
-           'expires_at', deadline, 'updated_at', fmt(t), 'fence', fence, 'nonce', ARGV[5])
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', int(token),
+           'expires_at', deadline, 'updated_at', fmt(t), 'fence', int(fence), 'nonce', ARGV[5])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
 redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by')
@@ -29,5 +29,5 @@ if takeover then
 else
   record(KEYS[4], KEYS[1], t, 'claimed', ARGV[2], token, fence, nil)
 end
-return {tostring(token), deadline, tostring(fence), tostring(attempts), tostring(takeovers),
+return {int(token), deadline, int(fence), tostring(attempts), tostring(takeovers),
         redis.call('HGET', KEYS[1], 'cancel') or ''}

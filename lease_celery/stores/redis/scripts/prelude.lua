@@ -14,6 +14,57 @@ local function now(injected)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function fmt(x) return string.format('%.6f', x) end
+-- Counters as text: tostring() would write 1.764694308e+15 (Lua's '%.14g') for a token past
+-- an epoch floor.
+local function int(x) return string.format('%.0f', tonumber(x)) end
+
+-- The store's epoch (lease_celery.stores.redis.epoch). The store puts two arguments in front
+-- of every script's own, taken off here so that ARGV[1] stays each script's injected_now: the
+-- epoch record's name, and the epoch id this store object saw ('' only for the scripts that
+-- open or reset the epoch, which judge the record themselves). A record that is gone, marked
+-- lost, or replaced other than by an operator's reset means the server lost acknowledged
+-- writes: the record is marked lost (so that every process refuses, not only this one) and
+-- nothing is written. A record replaced by a reset is answered with its id, for the store to
+-- take up and send again.
+local EPOCH_KEY = table.remove(ARGV, 1)
+local EPOCH_SEEN = table.remove(ARGV, 1)
+local EPOCH_FLOOR = 0
+local function lost_reply(why)
+  return redis.error_reply('LEASE_EPOCH_LOST ' .. why)
+end
+local function mark_lost(why)
+  local t = redis.call('TIME')
+  redis.call('HSET', EPOCH_KEY, 'state', 'lost', 'lost_why', why, 'lost_at',
+             fmt(tonumber(t[1]) + tonumber(t[2]) / 1000000))
+  return lost_reply(why)
+end
+if EPOCH_SEEN ~= '' then
+  local id, state, floor, reset, why = unpack(redis.call(
+    'HMGET', EPOCH_KEY, 'id', 'state', 'floor', 'reset', 'lost_why'))
+  if state == 'lost' then return lost_reply(why or 'marked lost') end
+  if not id then
+    return mark_lost('the epoch record ' .. EPOCH_SEEN .. ' is gone')
+  end
+  if id ~= EPOCH_SEEN then
+    if reset ~= '1' then
+      return mark_lost('the epoch record ' .. EPOCH_SEEN .. ' was replaced by ' .. id
+                       .. ', created on an empty store')
+    end
+    return redis.error_reply('LEASE_EPOCH_CHANGED ' .. id)
+  end
+  EPOCH_FLOOR = tonumber(floor)
+end
+-- The next value of a token or fence counter: one more than the last, and above the epoch's
+-- floor, so that a counter that restarted (its key lost) never hands out a number an outside
+-- resource has already seen.
+local function next_counter(name)
+  local n = redis.call('INCR', name)
+  if n <= EPOCH_FLOOR then
+    n = EPOCH_FLOOR + 1
+    redis.call('SET', name, int(n))
+  end
+  return n
+end
 -- The attention index (KEYS: the "running" sorted set) holds every hash the sweeper may have
 -- to act on, scored by when to look at it next; terminal rows and rows without task info
 -- leave it, so a sweep reads only what is due.
@@ -66,8 +117,8 @@ local function record(index, hash, t, event, owner, token, fence, detail)
   local prefix = string.sub(index, 1, -8)
   local entry = '{"key":' .. json_text(string.sub(hash, #prefix + 7)) .. ',"at":' .. fmt(t)
     .. ',"event":' .. json_text(event) .. ',"owner":' .. json_text(owner)
-    .. ',"token":' .. (tonumber(token) and tostring(token) or 'null')
-    .. ',"fence":' .. (tonumber(fence) and tostring(fence) or 'null')
+    .. ',"token":' .. (tonumber(token) and int(token) or 'null')
+    .. ',"fence":' .. (tonumber(fence) and int(fence) or 'null')
     .. ',"detail":' .. json_text(detail) .. '}'
   -- Trimmed only once over their caps (the list across keys in steps of a tenth): a trim
   -- per entry was two more commands on every claim and finish.
