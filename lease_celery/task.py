@@ -36,6 +36,7 @@ from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
+from .execution.outage import StoreWait, retrying, wait_bound
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
@@ -193,12 +194,17 @@ class LeasedTask(AttemptEnding):
         task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
         heartbeat = Heartbeat.for_process()
+        # A worker's delivery waits out a short outage (about a ttl: execution.outage) rather
+        # than be re-published at once; an eager or direct call's caller hears of it at once.
+        wait = None if request.is_eager or request.called_directly else StoreWait(
+            wait_bound(self, settings.ttl), what=f"delivery {task_id} of {key}")
         try:
-            handle = self._claim(store, key, settings, args, kwargs)
+            handle = retrying(lambda: self._claim(store, key, settings, args, kwargs), wait)
         except StoreError as exc:
-            # The store cannot answer: keep the delivery rather than fail and ack it.
+            # The store still cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=f"the lease store failed ({exc})", eager_error=exc)
+                        why=wait.reason(exc) if wait else f"the lease store failed ({exc})",
+                        eager_error=exc)
         except _Completion as completion:
             request.lease = completion.handle
             heartbeat.watch(completion.handle)  # renews the completer's settle deadline
