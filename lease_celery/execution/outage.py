@@ -7,9 +7,12 @@ lasted: one chaos run with six restarts of a Redis store re-published 1,485 deli
 deferred copy waiting for its ETA in a worker that was then killed sat in the broker's unacked
 hash for the whole visibility timeout. A restart takes a second or two, so the delivery now
 tries the claim again, with a growing pause, for about one ttl: a blip costs the wait and
-nothing else, and a longer outage is deferred after the bound, as before.
+nothing else, and a longer outage is deferred after the bound, as before. A finish that meets
+an outage waits the same way (``finish_waiting``): given up at once, its body ran again.
 
-The delivery holds no lease while it waits: nothing to renew, nothing to expire. The wait is
+A claim that waits holds no lease: nothing to renew, nothing to expire; a finish that waits
+holds its lease, which the heartbeat renews as soon as the store answers (if the lease expired
+meanwhile, the store refuses the finish, as it would have refused a late one). The wait is
 
 - bounded: about one ``lease_ttl`` from the first try, and at most half of the task's time
   limit (Celery counts those from the start of the task: the wait must leave the body its
@@ -40,9 +43,11 @@ from typing import Any, TypeVar
 from celery.worker import state as worker_state
 
 from ..errors import StoreError
+from ..models import Lease, LeaseState
+from ..stores.base import Store
 
-__all__ = ["FIRST_PAUSE", "LONGEST_PAUSE", "StoreWait", "retrying", "wait_bound",
-           "worker_stopping"]
+__all__ = ["FIRST_PAUSE", "LONGEST_PAUSE", "StoreWait", "finish_waiting", "retrying",
+           "wait_bound", "worker_stopping"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +125,9 @@ class StoreWait:
                 return True
             self._sleep(min(left, SLICE))
 
-    def reason(self, exc: StoreError) -> str:
-        """Why the delivery is deferred after all (the chaos harness reads the start)."""
-        why = f"the lease store failed ({exc}) for {self.waited:.1f}s, {self.tries} tries"
+    def reason(self, exc: StoreError, *, failed: str = "the lease store failed") -> str:
+        """Why the delivery is deferred after all (the chaos harness reads ``failed``)."""
+        why = f"{failed} ({exc}) for {self.waited:.1f}s, {self.tries} tries"
         return why + ("; the worker is shutting down" if self.interrupted else "")
 
     def recovered(self) -> None:
@@ -144,3 +149,22 @@ def retrying(attempt: Callable[[], T], wait: StoreWait | None) -> T:
         if wait is not None:
             wait.recovered()
         return result
+
+
+def finish_waiting(store: Store, lease: Lease, result: Any, *, settle_within: float | None,
+                   wait: StoreWait | None) -> bool:
+    """``store.finish``, tried again as a claim is while the store cannot answer (the heartbeat
+    goes on renewing the lease meanwhile, once the store answers again). True if accepted.
+
+    A try whose reply was lost may have landed: the next one is then refused, and a row done
+    with this lease's owner and token (``settled_by``) says that the write was ours."""
+    tried = False
+
+    def attempt() -> bool:
+        nonlocal tried
+        again, tried = tried, True
+        if store.finish(lease, result, settle_within=settle_within):
+            return True
+        return again and store.settled_by(lease, LeaseState.DONE)
+
+    return retrying(attempt, wait)

@@ -14,6 +14,7 @@ from lease_celery import StoreError
 from lease_celery.execution.outage import (
     FIRST_PAUSE,
     StoreWait,
+    finish_waiting,
     retrying,
     wait_bound,
     worker_stopping,
@@ -109,3 +110,38 @@ def test_the_bound_is_a_ttl_and_at_most_half_a_time_limit() -> None:
     assert wait_bound(task(hard=20.0), 30.0) == 10.0
     assert wait_bound(task(timelimit=(None, 8.0), hard=20.0), 30.0) == 4.0
     assert wait_bound(task(timelimit=(100.0, None)), 30.0) == 30.0
+
+
+class _FinishingStore:
+    """A store whose finish answers from a script, and whose row says whose it is."""
+
+    def __init__(self, *answers: object, ours: bool) -> None:
+        self.answers, self.ours = list(answers), ours
+        self.asked_whose = 0
+
+    def finish(self, lease: object, result: object, *, settle_within: float | None) -> bool:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    def settled_by(self, lease: object, state: object) -> bool:
+        self.asked_whose += 1
+        return self.ours
+
+
+def test_a_finish_whose_reply_was_lost_is_found_on_the_row() -> None:
+    """The first try landed but its reply was lost; the next is refused: the row, done with
+    this lease's owner and token, says the finish was accepted."""
+    fake = FakeTime()
+    store = _FinishingStore(StoreError("reset"), False, ours=True)
+    assert finish_waiting(store, object(), {"ok": 1}, settle_within=None,  # type: ignore[arg-type]
+                          wait=_wait(2.0, fake))
+
+
+def test_a_finish_refused_at_its_first_try_is_refused() -> None:
+    fake = FakeTime()
+    store = _FinishingStore(False, ours=True)
+    assert not finish_waiting(store, object(), None, settle_within=None,  # type: ignore[arg-type]
+                              wait=_wait(2.0, fake))
+    assert store.asked_whose == 0

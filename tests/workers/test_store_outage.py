@@ -1,7 +1,8 @@
 """A delivery that meets an unavailable store: real workers, a Redis store behind a proxy that
 refuses connections (as a restarting server does) for a while.
 
-A blip shorter than a ttl costs no re-publish: the delivery waits for the store and runs once.
+A blip shorter than a ttl costs no re-publish: the delivery waits for the store and runs once;
+a finish that meets it waits too, while the lease lasts, instead of running the body again.
 A worker that shuts down while a delivery waits defers it at once, so the worker stops and the
 work is not lost. (An outage longer than the wait still defers the delivery: the SQLite test of
 tests/workers/test_worker_delivery.py, whose store stays locked until the deferral is seen.)
@@ -22,6 +23,7 @@ from tests.support.workers import WorkerPool
 pytestmark = pytest.mark.worker
 
 WORK = "tests.support.worker_app.work"
+UNCHECKED = "tests.support.worker_app.unchecked"
 
 
 @pytest.fixture
@@ -68,6 +70,32 @@ def test_a_store_blip_costs_no_republish(workers: WorkerPool, proxy: CuttablePro
     assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
     assert len(workers.journal.events("body_start", job_id=job)) == 1
     assert len(workers.journal.events("task_prerun", task_id=task_id)) == 1  # no second copy
+
+
+@pytest.mark.parametrize("worker_store", ["redis"], indirect=True)
+@pytest.mark.worker_env(LEASE_TEST_TTL="3", LEASE_TEST_HEARTBEAT="0.5")
+def test_a_store_blip_during_the_finish_costs_no_second_run(
+        workers: WorkerPool, proxy: CuttableProxy) -> None:
+    """The store refuses connections from the start of a 0.5 s body until 1.5 s later: the
+    finish meets the outage, waits for the store while the lease (3 s) lasts, and lands; the
+    body runs once and nothing is re-published."""
+    workers.env["LEASE_TEST_STORE"] = _through(proxy, workers.store_url)
+    workers.start("a", concurrency=1)
+    job = uuid.uuid4().hex[:10]
+    result = workers.client.send_task(UNCHECKED, args=(job, 0.5))
+    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
+                             what="the body to start")
+    proxy.down()
+    try:
+        workers.journal.wait_for(lambda j: bool(j.events("body_end", job_id=job)), timeout=20,
+                                 what="the body to end (its finish meets the outage)")
+        time.sleep(1.0)
+    finally:
+        proxy.up()
+
+    assert result.get(timeout=30)["token"] == 1
+    assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
+    assert len(workers.journal.events("body_start", job_id=job)) == 1
 
 
 @pytest.mark.parametrize("worker_store", ["redis"], indirect=True)
