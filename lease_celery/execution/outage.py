@@ -14,9 +14,12 @@ A claim that waits holds no lease: nothing to renew, nothing to expire; a finish
 holds its lease, which the heartbeat renews as soon as the store answers (if the lease expired
 meanwhile, the store refuses the finish, as it would have refused a late one). The wait is
 
-- bounded: about one ``lease_ttl`` from the first try, and at most half of the task's time
-  limit (Celery counts those from the start of the task: the wait must leave the body its
-  time, and a hard limit hit in the wait would store a FAILURE for work that never ran);
+- bounded: about one ``lease_ttl`` from the first failure (not from the first try: a try
+  that was under way when the outage began, slowed by a stall or slow replies, or by the
+  PostgreSQL store's own reconnecting, must not leave the wait nothing), and at most half of
+  the task's time limit (Celery counts those from the start of the task: the wait must leave
+  the body its time, and a hard limit hit in the wait would store a FAILURE for work that
+  never ran);
 - interruptible: when the worker shuts down (``celery.worker.state``, set by the signal
   handlers of the process running the task: solo, threads, gevent and eventlet pools), the
   wait ends and the delivery is deferred at once, so nothing is lost and the worker need not
@@ -92,8 +95,8 @@ class StoreWait:
                  stopping: Callable[[], bool] = worker_stopping) -> None:
         self.what = what  # "delivery <id> of <key>", for the log
         self._clock, self._sleep, self._stopping = clock, sleep, stopping
-        self.started = clock()
-        self.deadline = self.started + bound
+        self.bound = bound
+        self.started = self.deadline = 0.0  # set by the first failure
         self._pause = FIRST_PAUSE
         self._longest = max(FIRST_PAUSE, min(LONGEST_PAUSE, bound / 4))
         self.tries = 0
@@ -101,7 +104,8 @@ class StoreWait:
 
     @property
     def waited(self) -> float:
-        return self._clock() - self.started
+        """Seconds since the first failure (0 before it)."""
+        return self._clock() - self.started if self.tries else 0.0
 
     def again(self, exc: StoreError) -> bool:
         """The last try failed with ``exc``: pause, then True for another try (the last one at
@@ -109,8 +113,10 @@ class StoreWait:
         down."""
         self.tries += 1
         if self.tries == 1:
+            self.started = self._clock()
+            self.deadline = self.started + self.bound
             logger.warning("lease store unavailable (%s): %s waits up to %.1fs for it",
-                           exc, self.what, self.deadline - self.started)
+                           exc, self.what, self.bound)
         if self._clock() >= self.deadline:
             return False
         pause = random.uniform(self._pause / 2, self._pause)

@@ -59,6 +59,25 @@ def test_an_outage_longer_than_the_bound_gets_a_last_try_at_the_bound() -> None:
     assert "for 2.0s" in wait.reason(StoreError("refused"))
 
 
+def test_the_bound_runs_from_the_first_failure_not_from_a_slow_first_try() -> None:
+    """A try under way when the outage began (a stall, slow replies) fails late: the wait
+    still gets its whole bound after that failure."""
+    fake = FakeTime()
+    wait = _wait(2.0, fake)
+    failures = []
+
+    def claim() -> str:
+        if not failures:
+            fake.now += 5.0  # the first try hung 5 s, then its connection was reset
+        failures.append(fake.now)
+        raise StoreError("reset")
+
+    with pytest.raises(StoreError):
+        retrying(claim, wait)
+    assert failures[-1] - failures[0] == pytest.approx(2.0)
+    assert wait.waited == pytest.approx(2.0)
+
+
 def test_a_blip_ends_the_wait_with_the_first_try_that_is_answered() -> None:
     fake = FakeTime()
     wait = _wait(30.0, fake)
