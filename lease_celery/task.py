@@ -36,6 +36,7 @@ from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
+from .execution.outage import finish_waiting, retrying
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
@@ -193,12 +194,15 @@ class LeasedTask(AttemptEnding):
         task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
         heartbeat = Heartbeat.for_process()
+        # A short outage is waited out (about a ttl) rather than re-published at once.
+        wait = self._store_wait(settings, f"delivery {task_id} of {key}")
         try:
-            handle = self._claim(store, key, settings, args, kwargs)
+            handle = retrying(lambda: self._claim(store, key, settings, args, kwargs), wait)
         except StoreError as exc:
-            # The store cannot answer: keep the delivery rather than fail and ack it.
+            # The store still cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=f"the lease store failed ({exc})", eager_error=exc)
+                        why=wait.reason(exc) if wait else f"the lease store failed ({exc})",
+                        eager_error=exc)
         except _Completion as completion:
             request.lease = completion.handle
             heartbeat.watch(completion.handle)  # renews the completer's settle deadline
@@ -400,8 +404,11 @@ class LeasedTask(AttemptEnding):
                 self._after_error(handle, exc, settings)
                 raise
             return result
+        # As the claim does, the finish waits out a short outage.
+        wait = self._store_wait(settings, f"the finish of {handle.key} token {handle.token}")
         try:
-            accepted = handle._store.finish(handle._lease, result, settle_within=settle_within)
+            accepted = finish_waiting(handle._store, handle._lease, result,
+                                      settle_within=settle_within, wait=wait)
         except ResultNotSerializable as exc:
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
@@ -411,8 +418,10 @@ class LeasedTask(AttemptEnding):
             # success or fail and ack (which would lose the work).
             heartbeat.unwatch(handle)
             self._release(handle, reason=f"finish failed in the lease store: {exc}")
+            failed = "finish failed in the lease store"
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=f"finish failed in the lease store ({exc})", eager_error=exc)
+                        why=wait.reason(exc, failed=failed) if wait else f"{failed} ({exc})",
+                        eager_error=exc)
         if accepted and settle_within is not None:
             handle._settling = True
         else:

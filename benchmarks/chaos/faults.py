@@ -11,6 +11,9 @@
 | ``finish`` | arm tickets: a pool child exits between its accepted finish and the result write |
 | ``hold`` | arm tickets: a pool child stalls 1.25 × ttl between its accepted finish and the result
   write while its own message is delivered again (a redelivery racing the result write) |
+| ``store-restart`` | restart the store's server (opt-in, never in ``all``): the machine's
+  PostgreSQL (``pg_ctlcluster ... restart -m fast``), or the run's own redis-server, down for
+  0.25–1 × ttl (two restarts in three) or 1.5–2.5 × ttl (longer than a delivery waits) |
 
 Counts are bounded (they grow with the window, up to a cap) and every fault lies inside the
 window; stopped processes are always continued and slow replies switched off, also when the run
@@ -39,28 +42,37 @@ from .workers import Worker, WorkerPool, pool_children
 __all__ = ["FAULTS", "FaultInjector", "PlannedFault", "parse_faults", "plan_faults"]
 
 FAULTS = ("kill", "stop", "conn", "slow", "sweep", "finish", "hold")
+#: Faults that ``all`` leaves out: each must be named (``--faults all,store-restart``).
+#: ``store-restart`` on PostgreSQL restarts the machine's cluster, ending every other session
+#: on it (another test run's too).
+OPT_IN = ("store-restart",)
 #: Faults that need a connection to a server (a SQLite store is a file).
-SERVER_FAULTS = ("conn", "slow")
+SERVER_FAULTS = ("conn", "slow", "store-restart")
 #: Probability that an accepted finish takes an armed ``finish_exit`` (or ``finish_hold``)
 #: ticket.
 FINISH_EXIT_PROBABILITY = 0.15
 
 
 def parse_faults(text: str, store: str) -> tuple[list[str], list[str]]:
-    """``all``, ``none`` or a comma list → (enabled faults, notes on the ones skipped)."""
-    text = text.strip().lower()
-    wanted = list(FAULTS) if text == "all" else [] if text in ("", "none") else [
-        part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in wanted if name not in FAULTS]
+    """``all``, ``none`` or a comma list (which may hold ``all``: ``all,store-restart``) →
+    (enabled faults, notes on the ones skipped)."""
+    parts = [part.strip() for part in text.strip().lower().split(",") if part.strip()]
+    wanted: list[str] = []
+    for part in parts:
+        for name in FAULTS if part == "all" else [] if part == "none" else [part]:
+            if name not in wanted:
+                wanted.append(name)
+    unknown = [name for name in wanted if name not in FAULTS + OPT_IN]
     if unknown:
-        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(FAULTS + OPT_IN)}")
     skipped = []
     if store == "sqlite":
         for name in SERVER_FAULTS:
             if name in wanted:
                 wanted.remove(name)
-                skipped.append(f"{name}: not applicable to SQLite (a file: no connection to "
-                               "kill, no replies to delay)")
+                skipped.append(f"{name}: not applicable to SQLite (a file: no server to "
+                               "restart, no connection to kill, no replies to delay)")
     return wanted, skipped
 
 
@@ -83,6 +95,12 @@ def plan_faults(kinds: list[str], window: float, rng: random.Random) -> list[Pla
     for kind, count in counts.items():
         if kind in kinds:
             plan += [PlannedFault(rng.uniform(0.1, 0.9) * window, kind) for _ in range(count)]
+    if "store-restart" in kinds:
+        # Spread over the window (one per slice): a restart never starts while the last one
+        # is still under way, and every stretch of the run sees one.
+        count = _count(window, 10, 2, 6)
+        plan += [PlannedFault((0.1 + 0.8 * (i + rng.uniform(0.2, 0.8)) / count) * window,
+                              "store-restart") for i in range(count)]
     if "sweep" in kinds:
         # A sweep marks rows only after some lease expired: arm it just before a kill (whose
         # rows nobody but the sweeper brings back; a stopped owner re-publishes its own when it
@@ -113,6 +131,11 @@ class FaultInjector:
         self._stopped: set[int] = set()  # pool children we SIGSTOPped and not yet continued
         self._slow_until = 0.0
         self._store: Any = None  # the lease store, read directly (opened in the fault thread)
+        # A store restart runs on a thread of its own (it takes seconds: undo steps and the
+        # other faults keep their times); set while one is under way.
+        self._restarting = threading.Event()
+        self._restart_lock = threading.Lock()
+        self._restarts: list[threading.Thread] = []
         self._undo_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-faults", daemon=True)
@@ -121,9 +144,12 @@ class FaultInjector:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop injecting and undo whatever is pending (bounded)."""
+        """Stop injecting and undo whatever is pending (bounded); wait for a store restart
+        under way (it starts the server again whatever happens)."""
         self._stop.set()
         self._thread.join(30)
+        for restart in self._restarts:
+            restart.join(150)
         self._undo_all()
 
     def done(self) -> bool:
@@ -182,18 +208,23 @@ class FaultInjector:
     # -- the faults -------------------------------------------------------------------------
 
     def _inject(self, kind: str) -> None:
-        getattr(self, f"_inject_{kind}")()
+        getattr(self, f"_inject_{kind.replace('-', '_')}")()
 
     def _busy_pids(self) -> set[int]:
         """Pids of the processes holding a running lease now (from the owners: host:pid:uuid).
 
-        Faults aim at busy processes: killing or stopping an idle one tests nothing."""
-        from lease_celery import LeaseState, open_store
+        Faults aim at busy processes: killing or stopping an idle one tests nothing. While the
+        store's server restarts nobody can say: any process then."""
+        from lease_celery import LeaseState, StoreError, open_store
 
         if self._store is None:
             self._store = open_store(self.sandbox.checker_url)
         pids = set()
-        for record in self._store.find(state=LeaseState.RUNNING, limit=10_000):
+        try:
+            running = self._store.find(state=LeaseState.RUNNING, limit=10_000)
+        except StoreError:
+            return set()
+        for record in running:
             with contextlib.suppress(IndexError, ValueError, AttributeError):
                 pids.add(int(str(record.owner).split(":")[-2]))
         return pids
@@ -234,6 +265,8 @@ class FaultInjector:
         self._later(time.monotonic() + seconds, "stop: SIGCONT", resume)
 
     def _inject_conn(self) -> None:
+        if self._restarting.is_set():
+            return  # the restart ends every connection anyway, and the server may be down
         # Recorded after the fact, with the count of what it ended (no process dies of it).
         killed = self.sandbox.kill_connections()
         self.events.record("fault", kind="conn", source="harness", killed=killed)
@@ -256,6 +289,42 @@ class FaultInjector:
                 self.events.record("fault_end", kind="slow")
 
         self._later(time.monotonic() + seconds, "slow: normal replies", normal)
+
+    def _inject_store_restart(self) -> None:
+        if not self.sandbox.restartable:
+            return
+        # Two in three are a blip a delivery should wait out (shorter than a ttl); the rest
+        # last longer than a delivery waits (about a ttl), so the deferral after the bound is
+        # exercised too. A PostgreSQL restart takes what it takes.
+        short = self.rng.random() < 2 / 3
+        down = self.ttl * (self.rng.uniform(0.25, 1.0) if short else self.rng.uniform(1.5, 2.5))
+
+        def restart() -> None:
+            # One restart at a time: a restart planned while the last one is still under way
+            # follows it (recorded when it begins).
+            with self._restart_lock:
+                self._restarting.set()
+                try:
+                    self._restart(down)
+                finally:
+                    self._restarting.clear()
+
+        thread = threading.Thread(target=restart, name="chaos-store-restart", daemon=True)
+        self._restarts.append(thread)
+        thread.start()
+
+    def _restart(self, down: float) -> None:
+        own = self.sandbox.own_redis
+        server = f"redis :{own.port}" if own is not None else "postgres (the machine's cluster)"
+        self.events.record("fault", kind="store-restart", source="harness", server=server,
+                           down=round(down, 2) if own is not None else None)
+        try:
+            seconds = self.sandbox.restart_server(down)
+        except Exception as exc:
+            self.errors.append(f"store-restart: {exc!r}")
+            self.events.record("fault_end", kind="store-restart", error=repr(exc)[:300])
+            return
+        self.events.record("fault_end", kind="store-restart", seconds=round(seconds, 3))
 
     def _inject_sweep(self) -> None:
         self.flags.arm("sweep_kill", count=1)

@@ -26,7 +26,7 @@ from typing import Any
 from .checker import Report, check
 from .config import ChaosConfig
 from .events import EventLog
-from .faults import FAULTS, FaultInjector, parse_faults, plan_faults
+from .faults import FAULTS, OPT_IN, FaultInjector, parse_faults, plan_faults
 from .flags import Flags
 from .history import Published, collect
 from .publish import Publisher, plan_publications
@@ -42,6 +42,7 @@ from .sandbox import (
     redis_client,
     store_sandbox,
 )
+from .storeserver import PERSISTENCE
 from .workers import WorkerPool
 
 __all__ = ["RunOptions", "main", "run"]
@@ -71,6 +72,9 @@ class RunOptions:
     duplicates: float = 0.1  # fraction of jobs re-sent with the same id, and again as aliases
     keep: bool = False
     extra_conf: dict[str, Any] = field(default_factory=dict)
+    #: The Redis store on a redis-server of the run's own, with this persistence (``aof``,
+    #: ``none``); None: on the machine's Redis, unless ``store-restart`` needs our own (aof).
+    redis_persistence: str | None = None
 
     @property
     def window(self) -> float:
@@ -93,6 +97,18 @@ def _check_servers(store: str) -> None:
             psycopg.connect(PG_DSN, connect_timeout=5).close()
         except Exception as exc:
             raise HarnessError(f"PostgreSQL at {PG_DSN} is not reachable: {exc}") from exc
+
+
+def _own_redis(options: RunOptions, kinds: list[str]) -> str | None:
+    """The persistence of the run's own redis-server, or None for the machine's Redis."""
+    if options.redis_persistence is not None and options.store != "redis":
+        raise HarnessError("--redis-persistence applies to --store redis only")
+    if options.store != "redis":
+        return None
+    if options.redis_persistence is not None:
+        return options.redis_persistence
+    # Never restart the machine's Redis: other test runs keep their databases there.
+    return "aof" if "store-restart" in kinds else None
 
 
 def client_app(config: ChaosConfig) -> Any:
@@ -137,6 +153,13 @@ def run(options: RunOptions) -> tuple[Report, Path]:
     if options.store not in STORES:
         raise HarnessError(f"unknown store {options.store!r}; one of {', '.join(STORES)}")
     kinds, skipped = parse_faults(options.faults, options.store)
+    own_redis = _own_redis(options, kinds)
+    if ("store-restart" in kinds and options.store == "postgres"
+            and os.environ.get("CI", "").lower() == "true"):
+        # The machine's cluster is shared: a restart ends every other session on it, the CI
+        # run's parallel tests included. Full runs only, by hand.
+        raise HarnessError("store-restart on postgres restarts the machine's PostgreSQL: "
+                           "not under CI=true")
     _check_servers(options.store)
     seed = options.seed if options.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
@@ -149,12 +172,17 @@ def run(options: RunOptions) -> tuple[Report, Path]:
     flags = Flags(folder / "flags")
     notes = [f"seed {seed}; faults {', '.join(kinds) or 'none'}; run directory {folder}",
              *skipped]
+    if own_redis is not None:
+        notes.append("the store on a redis-server of the run's own: " + (
+            "appendonly yes, appendfsync always" if own_redis == "aof"
+            else "no persistence (a restart loses every key)"))
     _log(f"run {run_id} on {options.store}: {options.tasks} tasks over {options.window:.0f}s, "
          f"faults {', '.join(kinds) or 'none'}, seed {seed}")
     with contextlib.ExitStack() as stack:
         # Callbacks run last-registered first: broker keys go last, after everything stopped.
         stack.callback(delete_keys, BROKER_DB, keyprefix)
-        sandbox = stack.enter_context(store_sandbox(options.store, run_id, folder))
+        sandbox = stack.enter_context(store_sandbox(options.store, run_id, folder,
+                                                    own_redis=own_redis))
         receiver_url = stack.enter_context(running_receiver(folder))
         config = ChaosConfig(
             broker_url=broker_url, keyprefix=keyprefix, queue=f"chaos-{run_id}",
@@ -238,7 +266,8 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--seconds", type=float, default=None,
                         help="publishing and fault window (default: max(10, tasks/15))")
     parser.add_argument("--faults", default="all",
-                        help=f"all, none, or a comma list of {','.join(FAULTS)}")
+                        help=f"all, none, or a comma list of {','.join(FAULTS)} (and all), "
+                             f"and the ones all leaves out: {','.join(OPT_IN)}")
     parser.add_argument("--seed", type=int, default=None, help="replay a plan (printed)")
     parser.add_argument("--settle", type=float, default=90.0,
                         help="seconds to wait for every key to settle after the window")
@@ -249,13 +278,18 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--duplicates", type=float, default=0.1,
                         help="fraction of jobs re-sent with the same id (and as many aliases)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
+    parser.add_argument("--redis-persistence", choices=PERSISTENCE, default=None,
+                        help="the Redis store on a redis-server of the run's own (store-restart "
+                             "starts one, aof by default): aof (appendonly yes, appendfsync "
+                             "always) or none (a restart loses every key)")
     parser.add_argument("--conf", type=_conf_value, action="append", default=[],
                         metavar="NAME=VALUE", help="an extra setting for the workers' app")
     args = parser.parse_args(argv)
     return RunOptions(store=args.store, tasks=args.tasks, seconds=args.seconds,
                       faults=args.faults, seed=args.seed, settle=args.settle, ttl=args.ttl,
                       visibility_timeout=args.visibility_timeout, workers=args.workers,
-                      duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf))
+                      duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf),
+                      redis_persistence=args.redis_persistence)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,9 @@
 
 - sqlite: a file in the run's temp directory.
 - postgres: a fresh schema ``chaos_<run>`` on postgresql://127.0.0.1:5432/test, dropped after.
-- redis: keys under ``chaos_<run>:`` in Redis database 14, deleted after.
+- redis: keys under ``chaos_<run>:`` in Redis database 14, deleted after; or, for the
+  ``store-restart`` fault, database 0 of a redis-server of the run's own
+  (:class:`~benchmarks.chaos.storeserver.OwnRedis`), stopped after.
 
 Servers are reached by the workers through a :class:`~benchmarks.chaos.proxy.DelayingProxy`
 (so replies can be slowed), and tagged with a name of the run's own (PostgreSQL
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 import redis
 
 from .proxy import DelayingProxy
+from .storeserver import OwnRedis, restart_postgres
 
 __all__ = ["BROKER_DB", "PG_DSN", "REDIS_HOST", "REDIS_PORT", "STORES", "STORE_DB",
            "StoreSandbox", "delete_keys", "redis_client", "store_sandbox"]
@@ -30,6 +33,8 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 STORE_DB = 14
 #: Redis database of the chaos runs' broker, result backend and event log (per-run prefix).
 BROKER_DB = 15
+#: The store's database on a redis-server of the run's own (nothing else lives there).
+OWN_STORE_DB = 0
 PG_DSN = "postgresql://127.0.0.1:5432/test"
 STORES = ("sqlite", "postgres", "redis")
 
@@ -41,6 +46,28 @@ class StoreSandbox:
     checker_url: str  # what the harness reads the final state through (no proxy)
     tag: str  # application_name / client_name of the workers' store connections
     proxy: DelayingProxy | None = None
+    own_redis: OwnRedis | None = None  # the run's own store server (store-restart on Redis)
+
+    @property
+    def restartable(self) -> bool:
+        """Whether ``restart_server`` applies: the machine's PostgreSQL, or a Redis of the
+        run's own (never the machine's Redis: other test runs live on it)."""
+        return self.kind == "postgres" or self.own_redis is not None
+
+    def restart_server(self, down: float) -> float:
+        """Restart the store's server (a Redis of our own stays down ``down`` seconds; a
+        PostgreSQL restart takes what it takes); return the seconds it did not answer."""
+        if self.kind == "postgres":
+            return restart_postgres(PG_DSN)
+        if self.own_redis is not None:
+            return self.own_redis.restart(down)
+        raise ValueError(f"the {self.kind} store has no server of the run's own to restart")
+
+    def _redis_server(self) -> tuple[redis.Redis, int]:
+        """A client of the Redis holding the store, and the store's database number."""
+        if self.own_redis is not None:
+            return self.own_redis.client(), OWN_STORE_DB
+        return redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_timeout=5), STORE_DB
 
     @property
     def has_connections(self) -> bool:
@@ -59,11 +86,11 @@ class StoreSandbox:
                     "AND application_name = %s", (self.tag,)).fetchone()
             return int(row[0]) if row else 0
         if self.kind == "redis":
-            client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_timeout=5)
+            client, db = self._redis_server()
             killed = 0
             for entry in client.client_list():
                 # Only this run's store connections: its name, in the store's database.
-                if entry.get("name") == self.tag and str(entry.get("db")) == str(STORE_DB):
+                if entry.get("name") == self.tag and str(entry.get("db")) == str(db):
                     with contextlib.suppress(redis.ResponseError):  # it went away meanwhile
                         killed += int(client.client_kill_filter(_id=entry["id"]))
             return killed
@@ -71,7 +98,10 @@ class StoreSandbox:
 
 
 @contextlib.contextmanager
-def store_sandbox(kind: str, run_id: str, folder: Path) -> Iterator[StoreSandbox]:
+def store_sandbox(kind: str, run_id: str, folder: Path, *,
+                  own_redis: str | None = None) -> Iterator[StoreSandbox]:
+    """The run's store; ``own_redis`` (a persistence, ``aof`` or ``none``): a Redis store on a
+    redis-server of the run's own, which the ``store-restart`` fault may restart."""
     tag = f"chaos_{run_id}"
     if kind == "sqlite":
         url = f"sqlite:///{folder / 'leases.sqlite3'}"
@@ -87,6 +117,22 @@ def store_sandbox(kind: str, run_id: str, folder: Path) -> Iterator[StoreSandbox
         finally:
             proxy.close()
             _drop_schema(tag)
+        return
+    if kind == "redis" and own_redis is not None:
+        server = OwnRedis(folder / "redis", persistence=own_redis)
+        server.start()
+        try:
+            proxy = DelayingProxy("127.0.0.1", server.port)
+            prefix = f"{tag}:"
+            direct = f"redis://127.0.0.1:{server.port}/{OWN_STORE_DB}?prefix={prefix}"
+            worker_url = (f"redis://127.0.0.1:{proxy.port}/{OWN_STORE_DB}?prefix={prefix}"
+                          f"&client_name={tag}")
+            try:
+                yield StoreSandbox(kind, worker_url, direct, tag, proxy, own_redis=server)
+            finally:
+                proxy.close()
+        finally:
+            server.close()
         return
     if kind == "redis":
         proxy = DelayingProxy(REDIS_HOST, REDIS_PORT)

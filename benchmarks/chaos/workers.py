@@ -56,19 +56,24 @@ class Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
         """Warm shutdown (SIGTERM to the main process only: it lets its pool finish), SIGKILL
-        of the whole group if that takes longer than ``STOP_TIMEOUT``."""
+        of the whole group if that takes longer than ``STOP_TIMEOUT``; True if the warm
+        shutdown ended the main process in time (False: it hung)."""
+        ended = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGCONT)  # a stopped child would never finish
             os.kill(self.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            ended = False
         # Pool children can outlive their main process: end the group in every case.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
+        return ended
 
 
 def pool_children(pid: int) -> list[int]:
@@ -98,6 +103,7 @@ class WorkerPool:
         self._names = 0
         self._lock = threading.RLock()
         self._stopping = threading.Event()
+        self._stopped = False  # stop_all ran (it runs again from the run's cleanup)
         self._supervisor: threading.Thread | None = None
 
     # -- starting ---------------------------------------------------------------------------
@@ -180,14 +186,27 @@ class WorkerPool:
         if self._supervisor is not None:
             self._supervisor.join(READY_TIMEOUT + 5)
         with self._lock:
-            workers = list(self.workers)
-        threads = [threading.Thread(target=w.stop, daemon=True) for w in workers]
+            every = list(self.workers)
+        workers = [w for w in every if w.alive()]
+        hung: list[Worker] = []
+
+        def stop(worker: Worker) -> None:
+            if not worker.stop():
+                hung.append(worker)
+
+        threads = [threading.Thread(target=stop, args=(w,), daemon=True) for w in workers]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(STOP_TIMEOUT + 15)
-        for worker in workers:  # whatever is left
+        for worker in every:  # whatever is left (pool children can outlive their main process)
             worker.kill()
+        if workers and not self._stopped:
+            # A warm shutdown that did not end in STOP_TIMEOUT: the worker hung (the table
+            # counts these).
+            self._stopped = True
+            self.events.record("workers_stopped", count=len(workers),
+                               hung=sorted(w.name for w in hung))
 
     def logs(self) -> list[Path]:
         return sorted(self.folder.glob("worker-*.log"))

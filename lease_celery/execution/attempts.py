@@ -26,6 +26,7 @@ from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 from ..settings import LeaseSettings, resolve_settings
 from .delivery import republish_later
+from .outage import StoreWait, wait_bound
 
 __all__ = ["AttemptEnding"]
 
@@ -71,6 +72,14 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             stores = not ignored
             sends = bool(request.callbacks or request.chain or request.chord)
         return settings.ttl if stores or sends else None
+
+    def _store_wait(self, settings: LeaseSettings, what: str) -> StoreWait | None:
+        """How this delivery waits for an unavailable store (``outage``: about a ttl); None for
+        an eager or direct call, whose caller hears of the failure at once."""
+        request = self.request
+        if request.is_eager or request.called_directly:
+            return None
+        return StoreWait(wait_bound(self, settings.ttl), what=what)
 
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,

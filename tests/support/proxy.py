@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 class CuttableProxy:
     """Forwards 127.0.0.1:<port> to a target; ``cut()`` drops every connection and refuses new
-    ones, as a server that went away would."""
+    ones, as a server that went away would; ``down()`` does the same until ``up()``, as a
+    server that restarts."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -19,12 +20,35 @@ class CuttableProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._cut = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
-    def _accept(self) -> None:
+    def down(self) -> None:
+        """Drop every connection and stop listening: a connect is refused (ECONNREFUSED)."""
+        with self._lock:
+            self._drop()
+
+    def up(self) -> None:
+        """Listen on the same port again (after ``down()``)."""
+        with self._lock:
+            self._listener = socket.create_server(("127.0.0.1", self.port))
+            threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _drop(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._sockets.clear()
+        # shutdown() first: close() alone leaves a thread blocked in accept() holding the
+        # socket, and the kernel would go on accepting connections on it.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             with self._lock:
@@ -47,12 +71,7 @@ class CuttableProxy:
     def cut(self) -> None:
         with self._lock:
             self._cut = True
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._sockets.clear()
-        self._listener.close()
+            self._drop()
 
 
 @contextlib.contextmanager

@@ -421,6 +421,12 @@ def _journal_task_failure(sender: Any = None, task_id: str | None = None,
            exception=repr(exception))
 
 
+@signals.task_prerun.connect
+def _journal_task_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    # Sent right before LeasedTask.__call__: the delivery is at the lease gate.
+    record("task_prerun", task=getattr(sender, "name", None), task_id=task_id)
+
+
 @signals.task_postrun.connect
 def _journal_task_postrun(sender: Any = None, task_id: str | None = None,
                           state: str | None = None, **_: Any) -> None:
