@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from celery.worker import state as worker_state
 
-from ..errors import StoreError
+from ..errors import StoreDataLost, StoreError
 from ..models import Lease, LeaseState
 from ..stores.base import Store
 
@@ -144,10 +144,13 @@ class StoreWait:
 
 def retrying(attempt: Callable[[], T], wait: StoreWait | None) -> T:
     """``attempt()``, tried again while it raises ``StoreError`` and ``wait`` allows another
-    try (None: no second try); the last ``StoreError`` goes to the caller."""
+    try (None: no second try); the last ``StoreError`` goes to the caller. ``StoreDataLost``
+    goes at once: the store answered, and only an operator's reset-epoch changes its answer."""
     while True:
         try:
             result = attempt()
+        except StoreDataLost:
+            raise
         except StoreError as exc:
             if wait is None or not wait.again(exc):
                 raise

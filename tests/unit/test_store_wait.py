@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from celery.worker import state as worker_state
 
-from lease_celery import StoreError
+from lease_celery import StoreDataLost, StoreError
 from lease_celery.execution.outage import (
     FIRST_PAUSE,
     StoreWait,
@@ -105,6 +105,21 @@ def test_a_shutdown_ends_the_wait_at_once() -> None:
 def test_without_a_wait_the_first_store_error_goes_to_the_caller() -> None:
     with pytest.raises(StoreError):
         retrying(lambda: (_ for _ in ()).throw(StoreError("refused")), None)
+
+
+def test_a_store_that_lost_its_data_is_not_waited_for() -> None:
+    """The store answered (its epoch is lost): only an operator changes that, so the first
+    StoreDataLost goes to the caller, without a pause."""
+    fake = FakeTime()
+    tries = []
+
+    def attempt() -> None:
+        tries.append(fake.now)
+        raise StoreDataLost("lost its data")
+
+    with pytest.raises(StoreDataLost):
+        retrying(attempt, _wait(30.0, fake))
+    assert tries == [100.0] and fake.sleeps == []
 
 
 @pytest.mark.parametrize(("flag", "value", "stopping"), [

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.support.proxy import CuttableProxy
+from tests.support.tokens import token_base
 from tests.support.workers import WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -55,7 +56,8 @@ def test_a_store_blip_costs_no_republish(workers: WorkerPool, proxy: CuttablePro
     workers.env["LEASE_TEST_STORE"] = _through(proxy, workers.store_url)
     workers.start("a", concurrency=1)
     warm = workers.client.send_task(WORK, args=(uuid.uuid4().hex[:10], 0.0))
-    assert warm.get(timeout=30)["token"] == 1  # the worker holds store connections now
+    # The worker holds store connections now.
+    assert warm.get(timeout=30)["token"] == token_base(workers.store_url) + 1
 
     job, task_id = uuid.uuid4().hex[:10], str(uuid.uuid4())
     proxy.down()
@@ -66,7 +68,7 @@ def test_a_store_blip_costs_no_republish(workers: WorkerPool, proxy: CuttablePro
     finally:
         proxy.up()
 
-    assert result.get(timeout=30)["token"] == 1
+    assert result.get(timeout=30)["token"] == token_base(workers.store_url) + 1
     assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
     assert len(workers.journal.events("body_start", job_id=job)) == 1
     assert len(workers.journal.events("task_prerun", task_id=task_id)) == 1  # no second copy
@@ -93,7 +95,7 @@ def test_a_store_blip_during_the_finish_costs_no_second_run(
     finally:
         proxy.up()
 
-    assert result.get(timeout=30)["token"] == 1
+    assert result.get(timeout=30)["token"] == token_base(workers.store_url) + 1
     assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
     assert len(workers.journal.events("body_start", job_id=job)) == 1
 
@@ -120,5 +122,5 @@ def test_a_worker_shutting_down_defers_the_waiting_delivery(
     assert first.process.returncode == 0, first.output()[-3000:]
 
     workers.start("b", concurrency=1)
-    assert result.get(timeout=30)["token"] == 1
+    assert result.get(timeout=30)["token"] == token_base(workers.store_url) + 1
     assert len(workers.journal.events("body_start", job_id=job)) == 1
