@@ -74,6 +74,13 @@ CHECKS = {
     "backend_mismatch": "the result backend contradicts the lease row",
 }
 TERMINAL = ("done", "dead")
+#: What a store that lost its data (a Redis restarted without persistence) causes by itself:
+#: rows, receipts and callbacks' rows are gone. Once the store refused with StoreDataLost (its
+#: epoch), these findings follow from the loss and are reported apart; every other check
+#: still fails the run, because the epoch exists so that a loss never leads to them.
+FOLLOW_FROM_LOSS = ("lost", "stale_accepted", "missing_effect", "callback_lost")
+#: The words of StoreDataLost in a deferral's reason (lease_celery.stores.redis).
+DATA_LOST = "lost its data"
 
 
 @dataclass(frozen=True)
@@ -111,10 +118,28 @@ def check(history: History) -> Report:
     report.violations += _callback_lost(history, broker)
     report.violations += _double_result_write(history)
     report.violations += _backend_mismatch(history)
+    refusals = epoch_refusals(history)
+    after_loss = [v for v in report.violations if refusals and v.check in FOLLOW_FROM_LOSS]
+    if after_loss:
+        report.violations = [v for v in report.violations if v not in after_loss]
+        shown = Counter(v.check for v in after_loss)
+        report.notes.append(
+            f"the store lost its data and refused every write after it ({refusals} deliveries "
+            "deferred with StoreDataLost): "
+            + ", ".join(f"{name} {shown[name]}" for name in FOLLOW_FROM_LOSS if shown[name])
+            + " follow from the loss and do not fail the run; the checks a loss must not "
+            "lead to (a result accepted twice, an effect sent twice, ...) still do")
     failed = report.failed_checks()
     report.counts = tally(history, {name: failed.get(name, 0) for name in CHECKS},
                           held=len(broker.held), vanished=len(broker.vanished))
+    report.counts["epoch refusals (StoreDataLost)"] = refusals
     return report
+
+
+def epoch_refusals(history: History) -> int:
+    """Deliveries deferred because the store refused with StoreDataLost."""
+    return sum(1 for e in history.events if e.get("event") == "duplicate_deferred"
+               and DATA_LOST in str(e.get("reason") or ""))
 
 
 # -- helpers -----------------------------------------------------------------------------------

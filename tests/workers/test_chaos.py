@@ -235,6 +235,36 @@ def test_every_check_has_a_defect_that_fails_it() -> None:
     assert {name for name, _ in DEFECTS.values()} == set(CHECKS)
 
 
+def _store_lost_its_data(h: History) -> None:
+    """The store's server came back empty (no persistence): every row is gone, and the next
+    delivery was refused with StoreDataLost."""
+    h.rows.clear()
+    h.events.append(_event("duplicate_deferred", 8.0, 21, task=JOB_TASK, task_id=D,
+                           reason="the lease store failed (redis lease store at h:1/0 "
+                                  "(prefix 'p:') lost its data: the epoch record x is gone)"))
+
+
+def test_a_store_that_lost_its_data_and_refused_passes_what_follows_from_the_loss() -> None:
+    """Rows gone with the store's data (lost, stale accepted, callbacks' rows) are reported
+    apart once the store refused with StoreDataLost; without the refusal they fail the run,
+    and a result accepted twice fails it even with the refusal."""
+    history = clean_history()
+    _store_lost_its_data(history)
+    report = check(history)
+    assert report.passed, report.violations
+    assert report.counts["epoch refusals (StoreDataLost)"] == 1
+    assert any("follow from the loss" in note for note in report.notes), report.notes
+
+    unseen = clean_history()
+    unseen.rows.clear()
+    assert {"stale_accepted", "callback_lost"} <= set(check(unseen).failed_checks())
+
+    twice = clean_history()
+    _store_lost_its_data(twice)
+    _second_finish(twice)
+    assert "double_accepted" in check(twice).failed_checks()
+
+
 def test_a_key_only_the_broker_holds_is_reported_not_failed() -> None:
     """Never claimed (no row) and held in a dead worker's unacked messages: the broker's
     promise (its visibility timeout), not the lease store's; counted as held by the broker."""
