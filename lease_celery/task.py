@@ -195,7 +195,7 @@ class LeasedTask(AttemptEnding):
         key = resolve_key(self.lease_key, self.run, args, kwargs, task_id=task_id)
         heartbeat = Heartbeat.for_process()
         # A short outage is waited out (about a ttl) rather than re-published at once.
-        wait = self._store_wait(settings, f"delivery {task_id} of {key}")
+        wait = self._store_wait(settings, key)
         try:
             handle = retrying(lambda: self._claim(store, key, settings, args, kwargs), wait)
         except StoreError as exc:
@@ -405,7 +405,7 @@ class LeasedTask(AttemptEnding):
                 raise
             return result
         # As the claim does, the finish waits out a short outage.
-        wait = self._store_wait(settings, f"the finish of {handle.key} token {handle.token}")
+        wait = self._store_wait(settings, handle.key, step="the finish of")
         try:
             accepted = finish_waiting(handle._store, handle._lease, result,
                                       settle_within=settle_within, wait=wait)

@@ -26,7 +26,7 @@ from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 from ..settings import LeaseSettings, resolve_settings
 from .delivery import republish_later
-from .outage import StoreWait, wait_bound
+from .outage import StoreWait
 
 __all__ = ["AttemptEnding"]
 
@@ -73,13 +73,14 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             sends = bool(request.callbacks or request.chain or request.chord)
         return settings.ttl if stores or sends else None
 
-    def _store_wait(self, settings: LeaseSettings, what: str) -> StoreWait | None:
+    def _store_wait(self, settings: LeaseSettings, key: str, *,
+                    step: str = "delivery") -> StoreWait | None:
         """How this delivery waits for an unavailable store (``outage``: about a ttl); None for
         an eager or direct call, whose caller hears of the failure at once."""
         request = self.request
         if request.is_eager or request.called_directly:
             return None
-        return StoreWait(wait_bound(self, settings.ttl), what=what)
+        return StoreWait(self, settings.ttl, key, step=step)
 
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,

@@ -34,8 +34,15 @@ class FakeTime:
         self.now += seconds
 
 
+def _task(timelimit: object = None, hard: float | None = None,
+          soft: float | None = None) -> SimpleNamespace:
+    return SimpleNamespace(request=SimpleNamespace(id="t", timelimit=timelimit),
+                           time_limit=hard, soft_time_limit=soft)
+
+
 def _wait(bound: float, fake: FakeTime, stopping: bool = False) -> StoreWait:
-    return StoreWait(bound, what="delivery t of k", clock=fake.clock, sleep=fake.sleep,
+    """A wait of about ``bound`` (the ttl of a task without time limits)."""
+    return StoreWait(_task(), bound, "k", clock=fake.clock, sleep=fake.sleep,
                      stopping=lambda: stopping)
 
 
@@ -135,15 +142,17 @@ def test_worker_stopping_reads_celerys_shutdown_flags(
 
 
 def test_the_bound_is_a_ttl_and_at_most_half_a_time_limit() -> None:
-    def task(timelimit: object = None, hard: float | None = None,
-             soft: float | None = None) -> SimpleNamespace:
-        return SimpleNamespace(request=SimpleNamespace(timelimit=timelimit),
-                               time_limit=hard, soft_time_limit=soft)
+    assert wait_bound(_task(), 30.0) == 30.0
+    assert wait_bound(_task(hard=20.0), 30.0) == 10.0
+    assert wait_bound(_task(timelimit=(None, 8.0), hard=20.0), 30.0) == 4.0
+    assert wait_bound(_task(timelimit=(100.0, None)), 30.0) == 30.0
 
-    assert wait_bound(task(), 30.0) == 30.0
-    assert wait_bound(task(hard=20.0), 30.0) == 10.0
-    assert wait_bound(task(timelimit=(None, 8.0), hard=20.0), 30.0) == 4.0
-    assert wait_bound(task(timelimit=(100.0, None)), 30.0) == 30.0
+
+def test_a_wait_that_never_failed_read_no_clock() -> None:
+    """Made for every delivery: nothing happens until a first failure."""
+    wait = StoreWait(_task(), 30.0, "k", clock=lambda: pytest.fail("clock read"))
+    assert retrying(lambda: "lease", wait) == "lease"
+    assert wait.waited == 0.0 and wait.what == "delivery t of k"
 
 
 class _FinishingStore:
