@@ -2,9 +2,11 @@
 
 After monkey-patching, a thread is a greenlet: a CPU-bound body would stop every renewal in
 its worker. lease_celery runs its heartbeat and sweeper on real OS threads there
-(lease_celery/green.py). These tests start real ``celery worker -P gevent|eventlet -c 4``
-processes (tests/support/green_app.py) on a Redis broker, with ttl 2 s and a heartbeat every 0.5 s;
-the doctor notes per pool and the primitives in a monkey-patched interpreter are checked too.
+(lease_celery/green.py). These tests start real ``celery worker -P gevent|eventlet -c 10``
+processes (tests/support/green_app.py) on a Redis broker, with ttl 2 s and a heartbeat every 0.5 s,
+each worker pinned to one core beside two busy-loop processes (tests/support/load.py): issue 20's
+lost lease showed only on a loaded machine. The doctor notes per pool and the primitives in a
+monkey-patched interpreter are checked too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -23,6 +26,7 @@ import pytest
 from lease_celery import LeaseRecord, LeaseState, open_store
 from lease_celery.doctor import diagnose
 from tests.stores.test_doctor import by_code, make_app
+from tests.support.load import BusyCore, cpu_load
 from tests.support.tokens import token_base
 from tests.support.workers import REPO, Worker, WorkerPool
 
@@ -30,11 +34,22 @@ SPIN = "tests.support.green_app.spin"
 WORK = "tests.support.worker_app.work"
 
 
-def start_green(workers: WorkerPool, name: str, pool: str, *,
-                concurrency: int = 4) -> Worker:
-    """``WorkerPool.start`` for a green pool:
-    ``celery -A tests.support.green_app worker -P pool``."""
-    return workers.start(name, concurrency=concurrency, app="tests.support.green_app", pool=pool)
+@pytest.fixture
+def busy_core() -> Iterator[BusyCore]:
+    """Two busy loops on one core for the test (stopped before its workers are)."""
+    with cpu_load() as core:
+        yield core
+
+
+def start_green(workers: WorkerPool, name: str, pool: str, busy_core: BusyCore, *,
+                concurrency: int = 10) -> Worker:
+    """``WorkerPool.start`` for a green pool,
+    ``celery -A tests.support.green_app worker -P pool``, pinned beside the busy loops once
+    it is ready (its start is not what these tests measure)."""
+    worker = workers.start(name, concurrency=concurrency, app="tests.support.green_app",
+                           pool=pool)
+    busy_core.pin(worker.process.pid)
+    return worker
 
 
 def _record(workers: WorkerPool, key: str) -> LeaseRecord | None:
@@ -80,19 +95,22 @@ def test_doctor_says_what_holds_on_the_configured_pool(
 
 SCENES = [pytest.param("gevent", "redis", id="gevent-redis"),
           pytest.param("eventlet", "sqlite", id="eventlet-sqlite")]
+#: The issue's case on both server stores, under both green pools.
+BUSY_SCENES = [pytest.param(pool, store, id=f"{pool}-{store}")
+               for pool in ("gevent", "eventlet") for store in ("redis", "postgres")]
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize(("pool", "worker_store"), SCENES, indirect=["worker_store"])
+@pytest.mark.parametrize(("pool", "worker_store"), BUSY_SCENES, indirect=["worker_store"])
 def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
-        workers: WorkerPool, pool: str) -> None:
+        workers: WorkerPool, pool: str, busy_core: BusyCore) -> None:
     """A body that busy-loops 5 s (never yielding: the hub cannot run) at ttl 2 s, next to a
-    well-behaved body that sleeps 8 s checking its lease: both run once under token 1 and end
-    done, with no loss and no takeover (the renewals run on a real OS thread), each under an
+    well-behaved body that sleeps 8 s checking its lease, in a worker that shares its core with
+    two busy loops: both run once under token 1 and end done, with no loss and no takeover (the renewals run on a real OS thread), each under an
     owner of its own naming the one worker process. A row left running by a dead worker is
     re-published by this worker's sweeper (a real OS thread too, publishing on its own
     connection) and run once under token 2."""
-    worker = start_green(workers, "a", pool)
+    worker = start_green(workers, "a", pool, busy_core)
     sleeper, spinner, orphan = _job(), _job(), _job()
     with open_store(workers.store_url) as store:
         info = {"task": WORK, "args": [orphan, 0.2], "kwargs": {},
@@ -146,11 +164,11 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
     pytest.param("gevent", "sqlite", id="gevent-sqlite"),
     pytest.param("eventlet", "redis", id="eventlet-redis")], indirect=["worker_store"])
 def test_a_refused_renewal_is_noticed_by_check_in_a_green_task(
-        workers: WorkerPool, pool: str) -> None:
+        workers: WorkerPool, pool: str, busy_core: BusyCore) -> None:
     """An operator releases a running key and another owner claims it: the heartbeat's next
     renewal (on its OS thread) is refused, and the body's ``self.lease.check()`` raises
     LeaseLost within a renewal or two; lease_lost is sent (on the hub) with the reason."""
-    start_green(workers, "a", pool)
+    start_green(workers, "a", pool, busy_core)
     job = _job()
     workers.client.send_task(WORK, args=(job, 20.0))
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)),
@@ -175,12 +193,12 @@ def test_a_refused_renewal_is_noticed_by_check_in_a_green_task(
 @pytest.mark.worker
 @pytest.mark.parametrize(("pool", "worker_store"), SCENES, indirect=["worker_store"])
 def test_shutdown_under_a_green_pool_settles_or_releases_what_it_holds(
-        workers: WorkerPool, pool: str) -> None:
+        workers: WorkerPool, pool: str, busy_core: BusyCore) -> None:
     """Warm shutdown (SIGTERM) while a body runs: the worker lets it finish, confirms the
     settle and exits (code 0): the key is done and settled under token 1. Cold shutdown
     (SIGQUIT) of another worker while a long body runs: its lease is given back at once
     (ready, token 1, the reason says shutdown) instead of running out its ttl."""
-    warm = start_green(workers, "warm", pool)
+    warm = start_green(workers, "warm", pool, busy_core)
     job = _job()
     workers.client.send_task(WORK, args=(job, 2.0))
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)),
@@ -192,7 +210,7 @@ def test_shutdown_under_a_green_pool_settles_or_releases_what_it_holds(
     base = token_base(workers.store_url)
     assert (record.state, record.token, record.settling) == (LeaseState.DONE, base + 1, False)
 
-    cold = start_green(workers, "cold", pool)
+    cold = start_green(workers, "cold", pool, busy_core)
     job = _job()
     workers.client.send_task(WORK, args=(job, 30.0))
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)),
