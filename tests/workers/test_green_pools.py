@@ -106,8 +106,9 @@ def test_a_cpu_bound_body_longer_than_the_ttl_keeps_every_lease(
         workers: WorkerPool, pool: str, busy_core: BusyCore) -> None:
     """A body that busy-loops 5 s (never yielding: the hub cannot run) at ttl 2 s, next to a
     well-behaved body that sleeps 8 s checking its lease, in a worker that shares its core with
-    two busy loops: both run once under token 1 and end done, with no loss and no takeover (the renewals run on a real OS thread), each under an
-    owner of its own naming the one worker process. A row left running by a dead worker is
+    two busy loops: both run once under their key's first token and end done, with no loss and
+    no takeover (the renewals run on a real OS thread), each under an owner of its own naming
+    the one worker process. A row left running by a dead worker is
     re-published by this worker's sweeper (a real OS thread too, publishing on its own
     connection) and run once under token 2."""
     worker = start_green(workers, "a", pool, busy_core)
