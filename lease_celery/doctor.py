@@ -27,6 +27,7 @@ from .settings import (
     sweep_grace,
     sweep_interval,
 )
+from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
 
@@ -352,12 +353,13 @@ def _store(url: str) -> list[Finding]:
     try:
         with open_store(url) as store:
             store.get("lease_celery:doctor")  # a real read: connection, schema, file format
+            found += _epoch_finding(store)
     except (LeaseError, ValueError, ImportError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {redact(url)} cannot be used: {exc}")]
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
-        return [*_redis_epoch(url), *_redis_store(url)]
+        return [*found, *_redis_store(url)]
     if scheme != "sqlite":
         return found
     path = unquote(urlsplit(url).path)[1:]
@@ -418,23 +420,19 @@ _REDIS_LOSS = ("rows of running leases and effect receipts vanish. A loss of eve
                "holds, and an effect runs again")
 
 
-def _redis_epoch(url: str) -> list[Finding]:
-    """The store's epoch record: opening it (as any first use does) says whether the store
-    lost its data."""
+def _epoch_finding(store: Store) -> list[Finding]:
+    """Opening the store's epoch (as any first use does) says whether it lost its data;
+    nothing for a store that keeps no epoch."""
     try:
-        with open_store(url) as store:
-            epoch = store.epoch()
+        epoch = store.epoch()
     except StoreDataLost as exc:
         return [Finding("store.data_lost", "error", "ownership", str(exc))]
-    except (LeaseError, ValueError) as exc:
-        return [Finding("store.unreachable", "error", "ownership",
-                        f"lease store {redact(url)} cannot be used: {exc}")]
-    when = "unknown" if epoch is None else time.strftime(
-        "%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
+    if epoch is None:
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
     return [Finding("store.epoch", "ok", "ownership",
-                    f"the Redis lease store's epoch {epoch.id if epoch else '?'} (since {when}) "
-                    "is in place: a server that lost everything since then would have lost it "
-                    "too")]
+                    f"the Redis lease store's epoch {epoch.id} (since {when}) is in place: a "
+                    "server that lost everything since then would have lost it too")]
 
 
 def _redis_store(url: str) -> list[Finding]:
