@@ -36,7 +36,7 @@ from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
-from .execution.outage import finish_waiting, retrying
+from .execution.outage import deferral_reason, finish_waiting, retrying
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
@@ -201,8 +201,7 @@ class LeasedTask(AttemptEnding):
         except StoreError as exc:
             # The store still cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=wait.reason(exc) if wait else f"the lease store failed ({exc})",
-                        eager_error=exc)
+                        why=deferral_reason(wait, exc), eager_error=exc)
         except _Completion as completion:
             request.lease = completion.handle
             heartbeat.watch(completion.handle)  # renews the completer's settle deadline
@@ -418,9 +417,8 @@ class LeasedTask(AttemptEnding):
             # success or fail and ack (which would lose the work).
             heartbeat.unwatch(handle)
             self._release(handle, reason=f"finish failed in the lease store: {exc}")
-            failed = "finish failed in the lease store"
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=wait.reason(exc, failed=failed) if wait else f"{failed} ({exc})",
+                        why=deferral_reason(wait, exc, failed="finish failed in the lease store"),
                         eager_error=exc)
         if accepted and settle_within is not None:
             handle._settling = True

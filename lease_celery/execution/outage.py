@@ -49,8 +49,8 @@ from ..errors import StoreDataLost, StoreError
 from ..models import Lease, LeaseState
 from ..stores.base import Store
 
-__all__ = ["FIRST_PAUSE", "LONGEST_PAUSE", "StoreWait", "finish_waiting", "retrying",
-           "wait_bound", "worker_stopping"]
+__all__ = ["FIRST_PAUSE", "LONGEST_PAUSE", "StoreWait", "deferral_reason", "finish_waiting",
+           "retrying", "wait_bound", "worker_stopping"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,13 @@ class StoreWait:
         if self.tries:
             logger.info("lease store answered again after %.1fs (%d tries): %s goes on",
                         self.waited, self.tries, self.what)
+
+
+def deferral_reason(wait: StoreWait | None, exc: StoreError, *,
+                    failed: str = "the lease store failed") -> str:
+    """Why a delivery is deferred for the store: ``failed`` and the error, and how long it
+    waited (an eager or direct call, ``wait`` None, did not)."""
+    return wait.reason(exc, failed=failed) if wait is not None else f"{failed} ({exc})"
 
 
 def retrying(attempt: Callable[[], T], wait: StoreWait | None) -> T:
