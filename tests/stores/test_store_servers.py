@@ -26,6 +26,7 @@ import pytest
 import redis
 
 from lease_celery import Lease, LeaseState, Store, StoreError, open_store
+from tests.support.policy_helpers import free_port
 from tests.support.servers import PG_DSN, REDIS_HOST, REDIS_PORT, REDIS_STORE_DB
 
 SHIFT = 3600.0  # how far off the shifted worker's clock runs, in seconds
@@ -191,13 +192,10 @@ def test_sqlite_authority_clock_is_the_host_clock(sqlite_url: str) -> None:
 # -- bad connection input ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def free_port() -> int:
+@pytest.fixture(name="free_port")
+def free_port_fixture() -> int:
     """A port on 127.0.0.1 with nothing listening on it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port()
 
 
 class SilentServer:

@@ -4,7 +4,6 @@ restart on the same port (with or without what it had on disk)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,17 +12,11 @@ from pathlib import Path
 
 import redis
 
+from tests.support.policy_helpers import free_port
 from tests.support.servers import require
 
 #: What a durable Redis store runs with: every acknowledged write is on disk.
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class PrivateRedis:

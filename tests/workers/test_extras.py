@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -44,6 +43,7 @@ from typing import Any
 import pytest
 
 from lease_celery import LeaseState, open_store
+from tests.support.policy_helpers import free_port
 from tests.support.rabbitmq import private_vhost
 from tests.support.servers import REDIS_URL
 from tests.support.tokens import token_base
@@ -153,13 +153,6 @@ def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PYTHON") and k not in ("VIRTUAL_ENV", "CELERY_CONFIG_MODULE")}
     return {**env, "PYTHONNOUSERSITE": "1", **extra}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Scene:
@@ -277,7 +270,7 @@ def test_prometheus_extra_serves_worker_metrics(
     process's claim counter for the task it ran."""
     venv = fresh_venv(tmp_path, wheel, "prometheus")
     (tmp_path / "prom").mkdir()
-    port = _free_port()
+    port = free_port()
     one = Scene(tmp_path, venv, {"EXTRAS_BROKER": "filesystem://",
                                  "EXTRAS_BACKEND": f"file://{tmp_path / 'results'}",
                                  "EXTRAS_DATA": str(tmp_path), "EXTRAS_STORE": sqlite_url,
