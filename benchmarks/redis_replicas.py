@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import socket
-import statistics
 import subprocess
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.store_cycle import library_cycle, rate
+from benchmarks.store_cycle import alternate, library_cycle
 
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always", "--save", "")
 
@@ -88,18 +87,7 @@ def measure(seconds: float, rounds: int) -> dict[str, float]:
             "no wait": library_cycle(url),
             "wait_replicas=1": library_cycle(f"{url}&wait_replicas=1"),
         }
-        rates: dict[str, list[float]] = {side: [] for side in sides}
-        order = list(sides)
-        try:
-            for cycle, _ in sides.values():
-                cycle(-1)  # warm up: connect, open the epoch, load the scripts
-            for n in range(rounds):
-                for side in order[n % 2:] + order[:n % 2]:
-                    rates[side].append(rate(sides[side][0], seconds))
-        finally:
-            for _, close in sides.values():
-                close()
-    mean = {side: statistics.mean(values) for side, values in rates.items()}
+        mean = alternate(sides, seconds, rounds)
     return {**mean, "ratio": mean["wait_replicas=1"] / mean["no wait"]}
 
 

@@ -280,25 +280,36 @@ def minimal_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
 Side = Callable[[str], tuple[Callable[[int], None], Callable[[], None]]]
 
 
+def alternate(sides: dict[str, tuple[Callable[[int], None], Callable[[], None]]],
+              seconds: float, rounds: int) -> dict[str, float]:
+    """Mean cycles/s of each side (its cycle and its close), warmed up once (connect, create
+    the schema, open the epoch, load scripts), then measured in ``rounds`` bursts of
+    ``seconds`` each; every side is closed at the end.
+
+    Many short bursts, the order rotating from round to round: a slow patch of the machine
+    (fsync stalls, the other core busy) lands on every side instead of deciding the ratios.
+    """
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    order = list(sides)
+    try:
+        for cycle, _ in sides.values():
+            cycle(-1)
+        for n in range(rounds):
+            turn = n % len(order)
+            for side in order[turn:] + order[:turn]:
+                rates[side].append(rate(sides[side][0], seconds))
+    finally:
+        for _, close in sides.values():
+            close()
+    return {side: statistics.mean(values) for side, values in rates.items()}
+
+
 def measure(name: str, url: str, raw: Side, minimal: Side, seconds: float,
             rounds: int) -> dict[str, Any]:
     target = url.removeprefix("sqlite:///") if name == "sqlite" else url
     sides = {"library": library_cycle(url)}  # first: it creates the schema the raw side uses
     sides |= {"raw": raw(target), "minimal": minimal(target)}
-    rates: dict[str, list[float]] = {side: [] for side in sides}
-    order = list(sides)
-    try:
-        for cycle, _ in sides.values():
-            cycle(-1)  # warm up: connect, create schema, load scripts
-        # Many short bursts, the order rotating: a slow patch of the machine (fsync stalls,
-        # the other core busy) lands on every side instead of deciding the ratios.
-        for n in range(rounds):
-            for side in order[n % 3:] + order[:n % 3]:
-                rates[side].append(rate(sides[side][0], seconds))
-    finally:
-        for _, close in sides.values():
-            close()
-    mean = {side: statistics.mean(values) for side, values in rates.items()}
+    mean = alternate(sides, seconds, rounds)
     return {"store": name, **mean, "ratio": mean["library"] / mean["raw"],
             "ratio_minimal": mean["library"] / mean["minimal"]}
 
