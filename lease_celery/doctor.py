@@ -300,11 +300,10 @@ _GREEN = (
     "tasks are greenlets of one process. lease_celery runs its heartbeat and sweeper on real "
     "OS threads there, with store connections of their own, so a body that computes without "
     "yielding (longer than the ttl) keeps its lease and its neighbours': the GIL switches to "
-    "the heartbeat. What such a body still stops is every other greenlet: other tasks, the "
-    "broker connection, and a claim whose reply is pending (a claim sent just before a busy "
-    "stretch longer than the ttl can expire before its body starts: its finish is refused and "
-    "the sweeper runs the task again). A C extension that holds the GIL longer than the ttl "
-    "stops the heartbeat too. Lease signals from the heartbeat are delivered on the hub")
+    "the heartbeat, which also renews a claim whose reply waits unread behind such a body. "
+    "What such a body still stops is every other greenlet: other tasks' I/O and the broker "
+    "connection. A C extension that holds the GIL longer than the ttl stops the heartbeat "
+    "too. Lease signals from the heartbeat are delivered on the hub")
 #: What holds for the leases on each of Celery's pools.
 _POOLS = {
     "prefork": "each task runs in a pool process, whose own heartbeat thread renews its "

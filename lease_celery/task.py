@@ -42,6 +42,7 @@ from .execution.unique import existing_holder
 from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
 from .models import Lease, LeaseRecord, LeaseState
+from .runtime.claims import InFlight
 from .runtime.handle import LeaseHandle
 from .runtime.heartbeat import Heartbeat
 from .settings import LeaseSettings
@@ -232,11 +233,20 @@ class LeasedTask(AttemptEnding):
         owner = execution_owner()
         info = None if self.request.called_directly else task_info(
             self, self.request, args, kwargs)
+        heartbeat = Heartbeat.for_process()
         for _ in range(CLAIM_ROUNDS):
-            sent_at = time.monotonic()
-            lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
+            # The heartbeat knows the claim before it is sent: under a green pool a busy
+            # neighbour may hold the reply past the ttl, and it then renews the row meanwhile.
+            claim = heartbeat.claiming(store, key, owner, ttl=settings.ttl,
+                                       heartbeat_interval=settings.heartbeat_interval)
+            try:
+                lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
+            except BaseException:
+                heartbeat.claimed(claim, None)
+                raise
             if lease is not None:
-                return self._admit(store, lease, settings, sent_at)
+                return self._admit(store, lease, settings, claim, heartbeat)
+            heartbeat.claimed(claim, None)
             record = store.get(key)
             if record is None:
                 continue  # purged between our claim and our look: claim again
@@ -339,23 +349,29 @@ class LeasedTask(AttemptEnding):
                          "succeeded", self.request.id, exc_info=True)
             return False
 
-    def _admit(self, store: Store, lease: Lease, settings: LeaseSettings,
-               sent_at: float) -> LeaseHandle:
+    def _admit(self, store: Store, lease: Lease, settings: LeaseSettings, claim: InFlight,
+               heartbeat: Heartbeat) -> LeaseHandle:
         """A claim succeeded: run it, unless the policy says the key has had enough."""
+        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
+                             heartbeat_interval=settings.heartbeat_interval,
+                             sent_at=claim.sent_at, task=self)
+        # Watched before anything here may yield (a signal receiver, a log handler), and
+        # given whatever the heartbeat renewed while the reply waited unread.
+        heartbeat.watch(handle)
+        heartbeat.claimed(claim, handle)
         logger.info("lease %s acquired by %s with token %s (attempt %s, takeovers %s)",
                     lease.key, lease.owner, lease.token, lease.attempts, lease.takeovers)
         signals.lease_acquired.send(sender=self, key=lease.key, lease=lease)
         if lease.takeovers:
             signals.lease_taken_over.send(sender=self, key=lease.key, lease=lease)
-        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
-                             heartbeat_interval=settings.heartbeat_interval, sent_at=sent_at,
-                             task=self)
         if lease.cancel is not None:
+            heartbeat.unwatch(handle)  # _kill watches it again if the failure settles
             # Cancelled while its holder was gone: this delivery never runs the body.
             self._kill(handle, lease.cancel)
             raise LeaseCancelled(f"lease {lease.key!r} was {lease.cancel}")
         reason = settings.policy.on_claim(attempts=lease.attempts, takeovers=lease.takeovers)
         if reason is not None:
+            heartbeat.unwatch(handle)
             self._kill(handle, reason)
             raise LeaseDead(f"lease {lease.key!r} is dead: {reason}")
         return handle

@@ -26,8 +26,8 @@ here. So a native thread here touches nothing a greenlet holds:
 
 What remains: a C extension that holds the GIL longer than the ttl stops these threads too
 (the GIL does not switch inside it); a body that never yields still stops every other greenlet
-(a claim whose reply is pending included); Celery's own publish signals from the sweeper's
-re-publish run on its thread.
+(a claim whose reply it holds unread is renewed by the heartbeat meanwhile: claims.py);
+Celery's own publish signals from the sweeper's re-publish run on its thread.
 """
 
 from __future__ import annotations

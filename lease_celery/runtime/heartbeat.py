@@ -5,6 +5,9 @@ runs the tasks, never in the parent before fork. A refused renewal marks the han
 once; a store that cannot be reached is retried until the lease's local deadline passes, and
 then the handle is marked lost too: the heartbeat never assumes it still holds a lease.
 
+It also renews a claim whose reply its task has not read yet (``claiming``, claims.py: under
+green pools a busy neighbour can hold that reply past the ttl).
+
 It also writes what the task's own path need not wait for: a fire-and-forget task's finish
 (``background``), and the confirmations that end settle phases: once Celery stored a task's
 outcome, the owner's confirmation is queued here and sent in batches (``settle_many``), so the
@@ -28,6 +31,7 @@ from .. import signals
 from ..errors import LeaseError
 from ..stores.base import Store
 from . import green
+from .claims import InFlight, running_lease
 from .handle import LeaseHandle
 
 __all__ = ["Heartbeat"]
@@ -70,6 +74,7 @@ class Heartbeat:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._handles: set[LeaseHandle] = set()
+        self._claims: set[InFlight] = set()  # claims sent whose reply is not read yet
         self._to_settle: list[LeaseHandle] = []
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
@@ -103,6 +108,24 @@ class Heartbeat:
             # due before that (a new claim usually does not: waking it costs every task).
             if handle._next_renewal_at < self._sleeping_until:
                 self._wake.notify()
+
+    def claiming(self, store: Store, key: str, owner: str, *, ttl: float,
+                 heartbeat_interval: float) -> InFlight:
+        """A claim of ``key`` by ``owner`` is about to be sent: renew the row it writes if its
+        reply is not read by the first renewal (claims.py). End it with ``claimed``."""
+        claim = InFlight(store, key, owner, ttl=ttl, heartbeat_interval=heartbeat_interval)
+        with self._wake:
+            self._claims.add(claim)
+            if claim.next_renewal_at < self._sleeping_until:
+                self._wake.notify()
+        return claim
+
+    def claimed(self, claim: InFlight, handle: LeaseHandle | None) -> None:
+        """The claim's reply was read: ``handle`` holds what it granted (None: nothing, or
+        the task gives it up). The handle takes any renewal made of the row meanwhile."""
+        with self._wake:
+            self._claims.discard(claim)
+        claim.answer(handle)
 
     def unwatch(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -222,24 +245,26 @@ class Heartbeat:
                                handle.key, exc)
         return released
 
-    def _due(self) -> tuple[list[LeaseHandle], list[LeaseHandle]]:
-        """Wait until some handle is due for renewal (or a confirmation is queued); return the
-        handles to renew and those to settle."""
+    def _due(self) -> tuple[list[LeaseHandle], list[LeaseHandle], list[InFlight]]:
+        """Wait until some handle (or unanswered claim) is due for renewal, or a confirmation
+        is queued; return the handles to renew, those to settle and the claims to adopt."""
         with self._wake:
             while True:
                 now = time.monotonic()
                 settles: list[LeaseHandle] = []
                 if self._to_settle and now >= self._settle_after:
                     settles, self._to_settle = self._to_settle, []
-                if settles or any(h._next_renewal_at <= now for h in self._handles):
+                claims = [c for c in self._claims if c.next_renewal_at <= now]
+                if settles or claims or any(h._next_renewal_at <= now for h in self._handles):
                     # Some lease is due: renew with it every lease due within half its
                     # interval. Renewing early is safe, and leases that started at different
                     # instants fall into one batch (one round trip per interval per store)
                     # instead of one round trip each.
                     due = [h for h in self._handles
                            if h._next_renewal_at - h._heartbeat_interval / 2 <= now]
-                    return due, settles
+                    return due, settles, claims
                 wake_at = [h._next_renewal_at for h in self._handles]
+                wake_at += [c.next_renewal_at for c in self._claims]
                 if self._to_settle:
                     wake_at.append(self._settle_after)
                 self._sleeping_until = min(wake_at) if wake_at else math.inf
@@ -279,9 +304,11 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            due, settles = self._due()
+            due, settles, claims = self._due()
             if settles:
                 self._enqueue(functools.partial(self._send_settles, settles))
+            if claims:
+                self._schedule_adoption(claims)
             groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
             for handle in due:
                 groups[handle._store, handle._ttl].append(handle)
@@ -295,6 +322,53 @@ class Heartbeat:
                 # Under green pools, each sender renews through its own copy of the store.
                 self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
                                                    ttl, handles, sent_at, delays))
+
+    def _schedule_adoption(self, claims: list[InFlight]) -> None:
+        """Queue the adoption of claims whose reply is still unread, one call per store; a
+        claim whose deadline passed with nothing renewed is given up (its reply decides)."""
+        now = time.monotonic()
+        groups: dict[Store, list[InFlight]] = defaultdict(list)
+        with self._wake:
+            for claim in claims:
+                if now >= claim.deadline:
+                    self._claims.discard(claim)
+                    continue
+                claim.next_renewal_at = now + claim.heartbeat_interval
+                groups[claim.store].append(claim)
+        for store, group in groups.items():
+            self._enqueue(functools.partial(self._adopt, green.per_thread(store), group))
+
+    def _adopt(self, store: Store, claims: list[InFlight]) -> None:
+        """Renew the rows these unanswered claims wrote (read first, the first time: a row is
+        adopted only if it names the claim's owner). A claim not on the store yet is looked at
+        again next interval; a refused renewal ends the adoption (the reply, read late, then
+        finds its deadline passed, as before)."""
+        for claim in claims:
+            if claim.answered:
+                continue
+            sent_at = time.monotonic()
+            try:
+                lease = claim.adopted
+                if lease is None:
+                    record = store.get(claim.key)
+                    lease = None if record is None or record.owner != claim.owner \
+                        else running_lease(record)
+                    if lease is None:
+                        claim.not_landed(sent_at, 0 if record is None else record.token)
+                        continue
+                renewed = store.renew_many([lease], ttl=claim.ttl)[0]
+            except LeaseError as exc:
+                logger.warning("lease %s: renewal of a claim whose reply is unread failed, "
+                               "retrying: %s", claim.key, exc)
+                claim.next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                continue
+            if renewed is None:
+                with self._wake:
+                    self._claims.discard(claim)
+                continue
+            logger.info("lease %s token %s: renewed for a claim whose reply is still unread "
+                        "(a busy neighbour holds the worker)", claim.key, renewed.token)
+            claim.renewed(renewed, sent_at)
 
     def _start_sender(self, *, idle: bool = True) -> None:
         with self._senders_lock:

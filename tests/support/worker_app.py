@@ -47,14 +47,22 @@ app.conf.update(
 _redis: redis.Redis | None = None
 
 
-def record(event: str, **fields: Any) -> None:
-    """Append one event to the journal list (the test reads it back in order)."""
+def _journal() -> redis.Redis:
+    """The journal's client. Its timeout is explicit and long: under a green pool a body
+    that busy-loops holds every reply for seconds, and a journal write must outwait it (one
+    that timed out mid-way failed the body, under eventlet)."""
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(JOURNAL_REDIS)
+        _redis = redis.Redis.from_url(JOURNAL_REDIS, socket_timeout=60,
+                                      socket_connect_timeout=60)
+    return _redis
+
+
+def record(event: str, **fields: Any) -> None:
+    """Append one event to the journal list (the test reads it back in order)."""
     entry = {"event": event, "pid": os.getpid(), "host": socket.gethostname(),
              "t": time.time(), **fields}
-    _redis.rpush(JOURNAL, json.dumps(entry, default=str))
+    _journal().rpush(JOURNAL, json.dumps(entry, default=str))
 
 
 def first_generation(task: LeasedTask) -> bool:
@@ -285,11 +293,8 @@ def kills_its_worker(self: LeasedTask, job_id: str) -> None:
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", permanent_errors=(ValueError,))
 def toggled(self: LeasedTask, job_id: str) -> dict[str, Any]:
     """Fail permanently while the Redis key ``<journal>:fail:<job_id>`` exists, else succeed."""
-    global _redis
-    if _redis is None:
-        _redis = redis.Redis.from_url(JOURNAL_REDIS)
     record("body_start", job_id=job_id, token=self.lease.token, task_id=self.request.id)
-    if _redis.exists(f"{JOURNAL}:fail:{job_id}"):
+    if _journal().exists(f"{JOURNAL}:fail:{job_id}"):
         raise ValueError(f"{job_id} is switched to fail")
     record("body_end", job_id=job_id, token=self.lease.token)
     return {"job_id": job_id, "token": self.lease.token}
@@ -324,6 +329,7 @@ app.conf.update({name: value for name, value in {
     "lease_backoff_base": _float_env("LEASE_TEST_BACKOFF_BASE"),
     "lease_backoff_max": _float_env("LEASE_TEST_BACKOFF_MAX"),
     "lease_sweep_interval": _float_env("LEASE_TEST_SWEEP_INTERVAL"),
+    "lease_sweep_grace": _float_env("LEASE_TEST_SWEEP_GRACE"),
     "lease_metrics_port": _int_env("LEASE_TEST_METRICS_PORT"),
     "worker_soft_shutdown_timeout": _float_env("LEASE_TEST_SOFT_SHUTDOWN"),
     "broker_heartbeat": _float_env("LEASE_TEST_BROKER_HEARTBEAT"),

@@ -145,7 +145,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "stores.redis.options", "stores.redis.wire", "effects"}),
     ("settings", {"settings"}),
     ("per-process runtime", {"runtime", "runtime.handle", "runtime.heartbeat", "runtime.green",
-                             "runtime.history"}),
+                             "runtime.history", "runtime.claims"}),
     ("the task's path", {"task", "execution", "execution.attempts", "execution.background",
                          "execution.settle", "execution.answers", "execution.unique",
                          "execution.delivery", "execution.outage"}),

@@ -78,7 +78,7 @@ def test_doctor_says_what_holds_on_the_configured_pool(
         sqlite_url: str, pool: str, says: str) -> None:
     """``doctor`` reads ``worker_pool`` and adds one ``ok`` note (ownership) on what holds
     there; on the green pools it names the remaining caveats (other greenlets stop, a claim
-    whose reply is pending, a C extension holding the GIL past the ttl). The note changes no
+    whose reply waits is renewed; a C extension holding the GIL past the ttl). The note changes no
     verdict: a sound app still has no warning."""
     findings = diagnose(make_app(sqlite_url, worker_pool=pool))
     note = by_code(findings)["worker.pool"]
@@ -280,3 +280,31 @@ def test_native_threads_tick_through_a_busy_hub_and_hand_signals_and_logs_to_it(
     assert seen["thread_is_native"] is True
     assert seen["ticks_while_spinning"] >= 7
     assert (seen["signal_on_native"], seen["log_on_native"]) == (False, False)
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize(("pool", "worker_store"), BUSY_SCENES, indirect=["worker_store"])
+def test_a_claim_whose_reply_waits_behind_a_busy_body_keeps_its_lease(
+        workers: WorkerPool, pool: str, busy_core: BusyCore) -> None:
+    """Issue 20's lost lease: deliveries that arrive together with a body that busy-loops 5 s
+    (ttl 2 s) send their claims, and the busy body takes the hub before their replies are read.
+    The claims are renewed meanwhile by the heartbeat (it knows a claim before it is sent, and
+    adopts the row its owner wrote): each neighbour runs once, under its key's first token,
+    with no lease lost and no takeover."""
+    spinner, neighbours = _job(), [_job() for _ in range(4)]
+    # Queued before the worker starts: it receives them in one burst, the spinner first.
+    spun = workers.client.send_task(SPIN, args=(spinner, 5.0))
+    sent = [workers.client.send_task(WORK, args=(job, 0.3)) for job in neighbours]
+    start_green(workers, "a", pool, busy_core)
+    assert spun.get(timeout=40)["token"] == token_base(workers.store_url) + 1
+    results = [result.get(timeout=40) for result in sent]
+    base = token_base(workers.store_url)
+    assert [r["token"] for r in results] == [base + 1] * len(neighbours)
+    for job in neighbours:
+        starts = workers.journal.events("body_start", job_id=job)
+        assert [s["token"] for s in starts] == [base + 1], (job, starts)
+        record = _record(workers, f"job:{job}")
+        assert record is not None
+        assert (record.state, record.token, record.takeovers) == (LeaseState.DONE, base + 1, 0)
+    assert workers.journal.events("lease_lost") == []
+    assert "Traceback" not in "".join(w.output() for w in workers.workers)
