@@ -109,6 +109,26 @@ class Store(abc.ABC):
         row = self._claim(key, owner, ttl, encode_task(task))
         return None if row is None else lease_of(key, owner, row)
 
+    def record_published(self, key: str, *, task: Mapping[str, Any],
+                         countdown: float = 0.0) -> bool:
+        """A task is about to be published: write the row of ``key`` as ``ready`` with
+        ``task`` (the message's task info), unless the key has a row; return whether it was
+        written. One conditional write: of two publishers at once, one writes.
+
+        The row is claimable at once (its token and attempts unchanged: the first claim is
+        token + 1, attempt 1). The sweeper re-publishes it if nobody claims it ``grace``
+        seconds after ``countdown`` (the message's) has passed, as any ready row: a message
+        the broker lost before anyone claimed it is not lost for good.
+        """
+        key = check_key(key)
+        encoded = encode_task(task)
+        if encoded is None:
+            raise ValueError(f"lease {key!r}: the task info cannot be recorded at publish "
+                             f"(it is not JSON: {type(task).__name__} with arguments kombu's "
+                             f"JSON cannot encode)")
+        return self._record_published(key, encoded,
+                                      check_delay(countdown, name="countdown"))
+
     def renew(self, lease: Lease, *, ttl: float) -> Lease | None:
         """Move the deadline to store-now + ``ttl`` if ``lease`` is still current.
 
@@ -436,6 +456,12 @@ class Store(abc.ABC):
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
         """The claim rule of :meth:`claim`; the claimed row (``token``, ``expires_at``,
         ``fence``, ``attempts``, ``takeovers``, ``cancel``) or None when refused."""
+
+    @abc.abstractmethod
+    def _record_published(self, key: str, task: str, countdown: float) -> bool:
+        """Insert ``key`` as ``ready`` with ``task``, claimable now, due for the sweeper
+        ``countdown`` seconds from now; nothing if a row exists (a purged key's tombstone
+        counts as none, its token kept); return whether it was written."""
 
     @abc.abstractmethod
     def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:

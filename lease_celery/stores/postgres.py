@@ -236,6 +236,17 @@ class PostgresStore(Store):
         return self._run(lambda conn: _one(conn, self._q["claim"], params),
                          if_resent=claimed_by)
 
+    def _record_published(self, key: str, task: str, countdown: float) -> bool:
+        params = self._params(key=key, task=task, countdown=countdown)
+
+        def published_already(row: Row | None) -> Row | None:
+            # A re-send after a lost reply finds the first send's row.
+            return row or self._row("published_already", params)
+
+        row = self._run(lambda conn: _one(conn, self._q["record_published"], params),
+                        if_resent=published_already)
+        return row is not None
+
     def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
         rows = self._rows("renew_many", self._params(
             ttl=ttl, keys=[lease.key for lease in leases],

@@ -240,6 +240,10 @@ class SQLiteStore(Store):
 
         return self._write(body)
 
+    def _record_published(self, key: str, task: str, countdown: float) -> bool:
+        return self._write(lambda conn, now: conn.execute(_Q["record_published"], {
+            "key": key, "task": task, "now": now, "countdown": countdown}).rowcount == 1)
+
     def _renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Row | None]:
         return self._write(lambda conn, now: [_row(conn.execute(_Q["renew"], {
             **fence_params(lease), "now": now, "expires_at": now + ttl}).fetchone())

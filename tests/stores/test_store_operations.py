@@ -341,3 +341,49 @@ def test_kill_by_the_current_holder_only_and_dead_is_terminal(
     assert store.kill(old, reason="stale") is False
     assert store.kill(new, reason="current") is True
     assert store.get("k2").reason == "current"  # type: ignore[union-attr]
+
+
+def test_record_published_writes_a_ready_row_once_and_the_sweeper_finds_it_lost(
+        store: Store, clock: RewindableClock) -> None:
+    """``record_published`` (lease_record_at_publish) writes a key that has no row as
+    ``ready`` with the message's task info, claimable at once; of two writes one wins, and a
+    key with a row (running, done, or a second publish) is left alone. The first claim is
+    the key's first generation (base + 1, attempt 1). Never claimed, the row is swept a grace
+    period after its countdown: the message the broker lost is re-published."""
+    base = token_base(store)
+    assert store.record_published("pub:a", task=TASK) is True
+    assert store.record_published("pub:a", task={**TASK, "args": [7]}) is False
+    record = store.get("pub:a")
+    assert record is not None
+    assert (record.state, record.owner, record.attempts, record.task_id) == (
+        LeaseState.READY, None, 0, "tid-42")
+    assert record.task == TASK
+    lease = claim(store, "pub:a", task=TASK)
+    assert (lease.token, lease.attempts, lease.takeovers) == (base + 1, 1, 0)
+    assert store.record_published("pub:a", task=TASK) is False  # a running row stays
+    assert store.get("pub:a").state is LeaseState.RUNNING  # type: ignore[union-attr]
+    assert store.finish(lease, {"ok": True})
+    assert store.record_published("pub:a", task=TASK) is False  # so does a done one
+
+    # Never claimed: due a grace period after the countdown, once per grace period.
+    assert store.record_published("pub:b", task=TASK, countdown=5) is True
+    clock.now += 5 + 2 - 0.01
+    assert [r.key for r in store.sweep_expired(grace=2)] == []
+    clock.now += 0.02
+    assert [r.key for r in store.sweep_expired(grace=2)] == ["pub:b"]
+    assert store.sweep_expired(grace=2) == []
+    # A purged key's row is written again; its token continues (the claim goes above it).
+    lease = claim(store, "pub:b", task=TASK)
+    assert store.finish(lease, None)
+    assert store.purge("pub:b")
+    assert store.record_published("pub:b", task=TASK) is True
+    assert claim(store, "pub:b", task=TASK).token == lease.token + 1
+
+
+@pytest.mark.parametrize("bad", [{"task": "x", "args": [object()]}, None])
+def test_record_published_refuses_task_info_it_cannot_record(store: Store, bad: Any) -> None:
+    """Task info that is not JSON (kombu's) is refused with an error naming the key, and
+    nothing is written."""
+    with pytest.raises(ValueError, match=r"'pub:bad'.*cannot be recorded"):
+        store.record_published("pub:bad", task=bad)
+    assert store.get("pub:bad") is None

@@ -235,6 +235,7 @@ def _reset_epoch(store: Store) -> object:
 #: How the walk calls each public member of the Store contract.
 RECIPES: dict[str, Callable[[Store], object]] = {
     "claim": lambda s: s.claim("walk:1", owner="walker", ttl=10),
+    "record_published": lambda s: s.record_published("walk:p", task={"task": "t", "args": []}),
     "renew": lambda s: s.renew(LEASE, ttl=10),
     "renew_many": lambda s: s.renew_many([LEASE], ttl=10),
     "finish": lambda s: s.finish(LEASE, {"ok": 1}),

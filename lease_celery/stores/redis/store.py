@@ -70,6 +70,7 @@ def _server_errors(method: Callable[Concatenate[RedisStore, _P], _T]
 #: The scripts whose writes ``?wait_replicas=N`` waits for: those a failover must not lose
 #: (a claim's token, an accepted outcome, a receipt), and the epoch itself.
 _REPLICATED = frozenset({"claim", "claim_settlement", "fenced_write", "settle_many",
+                         "record_published",
                          "effect_insert", "effect_restart", "effect_update", "epoch_open",
                          "epoch_reset"})
 
@@ -259,6 +260,17 @@ class RedisStore(Store):
                            # be on the row.
                            if_resent=lambda reply: reply or self._claimed_by(key, owner, nonce))
         return dict(zip(_CLAIMED, reply, strict=False)) if reply else None
+
+    def _record_published(self, key: str, task: str, countdown: float) -> bool:
+        return bool(self._call("record_published", [*self._keys(key), self._running],
+                               [task, repr(countdown)],
+                               # A re-send after a lost reply finds the first send's row.
+                               if_resent=lambda written: written or self._published(key, task)))
+
+    def _published(self, key: str, task: str) -> bool:
+        """Is the row the one a record_published of ``task`` wrote (never claimed since)?"""
+        state, recorded = self._hmget(self._keys(key)[0], ["state", "task"])
+        return state == LeaseState.READY.value and recorded == task
 
     def _claimed_by(self, key: str, owner: str, nonce: str,
                     state: str | None = "running") -> list[str] | None:

@@ -263,6 +263,31 @@ WHERE l.state = 'purged'
    OR (l.state = 'running' AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
 RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers, l.cancel
 
+-- name: record_published
+-- A task is about to be published (lease_record_at_publish): its key's row, ready with the
+-- message's task info, unless the key has one (a purged key's tombstone is taken over, its token
+-- kept: the first claim continues above it). sweep_at is when it becomes claimable (the
+-- message's countdown): the sweeper re-publishes it a grace period after that if nobody claimed
+-- it. No history event: the claim writes the first one.
+WITH clock AS (
+    SELECT COALESCE(%(now)s::double precision,
+                    extract(epoch FROM clock_timestamp())::double precision) AS now
+)
+INSERT INTO {schema}.lease_celery_leases AS l
+       (key, state, owner, token, expires_at, attempts, takeovers, updated_at, task, sweep_at)
+SELECT %(key)s, 'ready', NULL, 0, NULL, 0, 0, clock.now, %(task)s, clock.now + %(countdown)s
+FROM clock
+ON CONFLICT (key) DO UPDATE SET
+    state = 'ready', attempts = 0, takeovers = 0, updated_at = EXCLUDED.updated_at,
+    task = EXCLUDED.task, sweep_at = EXCLUDED.sweep_at
+WHERE l.state = 'purged'
+RETURNING l.key
+
+-- name: published_already
+-- After a re-sent record_published: is the row the one the first send wrote?
+SELECT key FROM {schema}.lease_celery_leases
+WHERE key = %(key)s AND state = 'ready' AND attempts = 0 AND task = %(task)s
+
 -- name: claimed_by
 -- After a refused claim: did this very claim call (its nonce) win, its reply lost and the
 -- statement re-sent? Then the row carries the nonce.

@@ -249,6 +249,18 @@ WHERE (state = 'ready' AND (not_before IS NULL OR not_before <= :now))
    OR (state = 'running' AND expires_at <= :now)
 RETURNING token, expires_at, fence, attempts, takeovers, cancel
 
+-- name: record_published
+-- A task is about to be published (lease_record_at_publish): its key's row, ready with the
+-- message's task info, unless the key has one; the token continues after a retired one (the
+-- first claim takes the next). sweep_at is when it becomes claimable (the message's
+-- countdown): the sweeper re-publishes it a grace period after that if nobody claimed it.
+INSERT INTO lease_celery_leases
+       (key, state, owner, token, expires_at, attempts, takeovers, updated_at, task, sweep_at)
+VALUES (:key, 'ready', NULL,
+        COALESCE((SELECT token FROM lease_celery_retired WHERE key = :key), 0),
+        NULL, 0, 0, :now, :task, :now + :countdown)
+ON CONFLICT (key) DO NOTHING
+
 -- name: renew
 -- A running lease, or a finished one whose owner is still settling it (the deadline then
 -- bounds the settle phase).

@@ -17,7 +17,7 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'token', int(t
            'expires_at', deadline, 'updated_at', fmt(t), 'fence', int(fence), 'nonce', ARGV[5])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local takeovers = redis.call('HINCRBY', KEYS[1], 'takeovers', takeover and 1 or 0)
-redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by')
+redis.call('HDEL', KEYS[1], 'result', 'not_before', 'settling', 'swept_by', 'eta')
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'task', ARGV[4])
 else redis.call('HDEL', KEYS[1], 'task') end  -- never a previous delivery's
 redis.call('HDEL', KEYS[1], 'task_id')

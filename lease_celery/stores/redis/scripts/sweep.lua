@@ -9,13 +9,15 @@ local grace = tonumber(ARGV[3])
 local marked = {}
 for _, hash in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', t, 'LIMIT', 0,
                                  tonumber(ARGV[2]))) do
-  local state, expires_at, settling, task, not_before, updated_at = unpack(redis.call(
-    'HMGET', hash, 'state', 'expires_at', 'settling', 'task', 'not_before', 'updated_at'))
+  local state, expires_at, settling, task, not_before, updated_at, eta = unpack(redis.call(
+    'HMGET', hash, 'state', 'expires_at', 'settling', 'task', 'not_before', 'updated_at',
+    'eta'))
   local due_at = nil  -- when the row is due; nil: never (leaves the index)
   if task and (state == 'running' or settling == '1') then
     due_at = tonumber(expires_at)
   elseif task and state == 'ready' then
-    due_at = tonumber(not_before or updated_at) + grace
+    -- eta: a row written at publish becomes claimable when its message's countdown ends.
+    due_at = tonumber(not_before or eta or updated_at) + grace
   end
   if not due_at then
     redis.call('ZREM', KEYS[1], hash)
