@@ -30,6 +30,7 @@ from .settings import (
 from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
+from .worker.sweeper import QUEUE_WAIT_GRACES
 
 __all__ = ["Finding", "diagnose", "leased_tasks"]
 
@@ -103,7 +104,8 @@ def diagnose(app: Any, *, store_url: str | None = None,
     checks: list[Callable[[], list[Finding]]] = [
         partial(_delivery, app, tasks, longest, shortest_ttl),
         partial(_ownership, app, settings_by_task, stores, list(findings)),
-        partial(_worker_pool, app)]
+        partial(_worker_pool, app),
+        partial(_record_at_publish, app, settings_by_task)]
     for check in checks:
         try:
             findings += check()
@@ -320,6 +322,25 @@ _POOLS = {
     "gevent": _GREEN,
     "eventlet": _GREEN + " (eventlet itself is deprecated upstream)",
 }
+
+
+def _record_at_publish(app: Any, settings_by_task: dict[str, LeaseSettings]) -> list[Finding]:
+    """With ``lease_record_at_publish``: what the sweep grace trades (an ``ok`` note)."""
+    recording = sorted(name for name, settings in settings_by_task.items()
+                       if name and settings.record_at_publish)
+    if not recording:
+        return []
+    grace = sweep_grace(app)
+    return [Finding(
+        "delivery.record_at_publish", "ok", "delivery",
+        f"lease_record_at_publish is on for {', '.join(recording)}: a message the broker loses "
+        f"before anyone claims it is re-published lease_sweep_grace={grace:g}s after it became "
+        f"claimable. A message waiting behind a long queue is not lost: while its queue still "
+        f"holds messages it is left alone, up to {QUEUE_WAIT_GRACES} graces "
+        f"({QUEUE_WAIT_GRACES * grace:g}s). A grace shorter than a message's usual wait "
+        "(prefetched ones included, which the broker no longer counts) re-publishes some that "
+        "were only waiting (the lease drops the copies: a message each); a longer one delays "
+        "the recovery of a lost one")]
 
 
 def _worker_pool(app: Any) -> list[Finding]:

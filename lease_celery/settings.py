@@ -51,6 +51,9 @@ class LeaseSettings:
     #: next task) and costs CPU-bound no-op bodies (the hand-off to the thread costs more
     #: than the round trip it hides).
     finish_in_background: bool | str = "auto"
+    #: Write the key's row (``ready``, with the message) before publishing
+    #: (``lease_celery.execution.published``).
+    record_at_publish: bool = False
 
     def finishes_in_background(self, body_seconds: float) -> bool:
         """Whether a finish nothing waits for goes behind the return, after a body that ran
@@ -99,7 +102,12 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
                                              or background_value == "auto"):
         raise ConfigError(f"lease_finish_in_background ({background_source}) must be True, "
                           f"False or 'auto', got {background_value!r}")
+    record_value, record_source = _lookup(app, task, "lease_record_at_publish")
+    if record_value is not None and not isinstance(record_value, bool):
+        raise ConfigError(f"lease_record_at_publish ({record_source}) must be True or False, "
+                          f"got {record_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
+                         record_at_publish=bool(record_value),
                          policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),
                          finish_in_background=(
                              "auto" if background_value is None else background_value))

@@ -37,6 +37,7 @@ from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
 from .execution.outage import deferral_reason, finish_waiting, retrying
+from .execution.published import record_at_publish
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
@@ -87,6 +88,10 @@ class LeasedTask(AttemptEnding):
     ``lease_unique``
         ``True``: ``apply_async`` returns the ``AsyncResult`` of the key's live or done holder
         instead of publishing again (also per call: ``apply_async(..., lease_unique=True)``).
+    ``lease_record_at_publish``
+        ``True``: ``apply_async`` writes the key's row (``ready``, with the message) before
+        publishing, so the sweeper re-publishes a message the broker loses (also the setting,
+        and per call: ``apply_async(..., lease_record=True)``).
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.runtime.handle.LeaseHandle`
     (``token``, ``owner``, ``check()``).
@@ -99,6 +104,7 @@ class LeasedTask(AttemptEnding):
     lease_retry_time_limits: ClassVar[bool | None] = None
     lease_finish_in_background: ClassVar[bool | str | None] = None
     lease_unique: ClassVar[bool] = False
+    lease_record_at_publish: ClassVar[bool | None] = None
     #: Marks leased tasks for the modules under the gate (``lease_celery.apps.is_leased``).
     __lease_celery_task__: ClassVar[bool] = True
 
@@ -132,10 +138,21 @@ class LeasedTask(AttemptEnding):
         cls._resolve_lease_settings(app)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-                    *more: Any, lease_unique: bool | None = None, **options: Any) -> Any:
+                    *more: Any, lease_unique: bool | None = None,
+                    lease_record: bool | None = None, **options: Any) -> Any:
         """Celery's ``apply_async``; with ``lease_unique`` (this call's, else the task's), a
-        key that already has a holder is not published again (``lease_celery.execution.unique``)."""
+        key that already has a holder is not published again (``lease_celery.execution.unique``);
+        with ``lease_record`` (this call's, else ``lease_record_at_publish``), the key's row is
+        written before the message goes out (``lease_celery.execution.published``)."""
         unique = self.lease_unique if lease_unique is None else lease_unique
+        record = (self.lease_settings.record_at_publish if lease_record is None
+                  else lease_record)
+        if (record and not self.app.conf.task_always_eager
+                and (task_id is None or task_id != self.request.id)):
+            # Not for a retry (the holder publishing itself again): its row exists.
+            task_id = task_id or uuid.uuid4().hex
+            if record_at_publish(self, args, kwargs, task_id, options) or not unique:
+                return super().apply_async(args, kwargs, task_id, *more, **options)
         if unique:
             holder = existing_holder(self, args, kwargs, task_id)
             if holder is not None:

@@ -60,10 +60,11 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
     """
     request = task.request
     try:
-        # lease_unique=False: this delivery must arrive, even though its key has a holder.
+        # lease_unique=False: this delivery must arrive, even though its key has a holder;
+        # lease_record=False: its row exists.
         task.signature_from_request(request, args, kwargs, countdown=countdown, expires=None,
                                     **_republished(request.headers)
-                                    ).apply_async(lease_unique=False)
+                                    ).apply_async(lease_unique=False, lease_record=False)
     except Exception as exc:
         logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
         raise Reject(exc, requeue=True) from exc
@@ -73,7 +74,7 @@ def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:
     """Publish the recorded delivery again (same task id, arguments, routing and links)."""
     recorded = (info.get("options") or {}).get("headers")
     return app.signature(dict(info)).apply_async(
-        lease_unique=False, **{**_republished(recorded), **options})
+        lease_unique=False, lease_record=False, **{**_republished(recorded), **options})
 
 
 def body_signature(cls: type) -> Callable[..., Any] | None:

@@ -11,6 +11,12 @@ every row that is not terminal is re-published when nobody will run it otherwise
 - ``ready`` and unclaimed ``lease_sweep_grace`` seconds after it became claimable: its retry
   or re-published message was lost.
 
+A ready row whose queue still holds messages may only be waiting behind them (a message
+published with ``lease_record_at_publish`` sits behind the backlog; so does a retry): it is
+not re-published while the broker says that queue is not empty, for at most
+``QUEUE_WAIT_GRACES`` grace periods; then it is, whatever the queue holds. Where the broker
+cannot tell, the grace alone decides, as before.
+
 Each row is marked by a conditional write that leaves it alone for the grace period, so
 concurrent sweepers never double a re-publish, and a sweeper killed between its mark and its
 publish leaves a mark that expires. Re-publishing twice is harmless: the lease dedups it.
@@ -32,16 +38,54 @@ from .. import signals
 from ..apps import leased_tasks
 from ..errors import LeaseError
 from ..execution.delivery import republish
-from ..models import LeaseRecord
+from ..models import LeaseRecord, LeaseState
 from ..runtime import green, history
 from ..settings import retention, sweep_grace
 from ..stores.base import PURGE_BATCH, Store
 from ..stores.registry import open_store, shared_store
 
-__all__ = ["SweepReport", "SweeperThread", "leased_store_urls", "prune", "sweep", "sweep_app",
-           "sweep_report"]
+__all__ = ["QUEUE_WAIT_GRACES", "QueueLengths", "SweepReport", "SweeperThread",
+           "leased_store_urls", "prune", "sweep", "sweep_app", "sweep_report"]
 
 logger = logging.getLogger(__name__)
+
+
+#: A ready row whose queue holds messages waits for them at most this many grace periods
+#: (counted from when it became claimable) before it is re-published anyway.
+QUEUE_WAIT_GRACES = 10
+
+
+class QueueLengths:
+    """How many messages wait in the queue a row's task goes to, asked of the broker once per
+    queue per sweep; None where it cannot tell (no such queue, a transport without counts)."""
+
+    def __init__(self, app: Any, connection: Any = None) -> None:
+        self.app, self.connection = app, connection
+        self._known: dict[str, int | None] = {}
+
+    def of(self, info: dict[str, Any]) -> int | None:
+        try:
+            options = dict(info.get("options") or {})
+            route = self.app.amqp.router.route(options, info.get("task"), info.get("args"),
+                                               info.get("kwargs"))
+            name = str(route["queue"].name)
+        except Exception:  # a row whose routing cannot be worked out here: unknown
+            logger.debug("lease sweeper: no queue for task %r", info.get("task"),
+                         exc_info=True)
+            return None
+        if name not in self._known:
+            self._known[name] = self._count(name)
+        return self._known[name]
+
+    def _count(self, queue: str) -> int | None:
+        try:
+            with self.app.connection_or_acquire(self.connection) as conn:
+                declared = conn.default_channel.queue_declare(queue=queue, passive=True)
+            return int(declared.message_count)
+        except Exception:
+            logger.debug("lease sweeper: the broker did not count queue %r", queue,
+                         exc_info=True)
+            return None
 
 
 @dataclass(frozen=True)
@@ -54,6 +98,8 @@ class SweepReport:
     failed: list[tuple[LeaseRecord, str]] = field(default_factory=list)
     #: Rows with no task recorded: nothing to publish (a row written by hand, say).
     no_task: list[LeaseRecord] = field(default_factory=list)
+    #: Ready rows left for a later sweep because their queue still holds messages (how many).
+    waiting: list[tuple[LeaseRecord, int]] = field(default_factory=list)
 
 
 def sweep(app: Any, store: Store, *, limit: int = 100, grace: float | None = None,
@@ -70,12 +116,21 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
                  connection: Any = None) -> SweepReport:
     """``sweep``, telling apart the rows re-published, those whose publish failed and those
     with no task to publish."""
-    swept = store.sweep_expired(limit=limit, grace=sweep_grace(app) if grace is None else grace)
+    grace = sweep_grace(app) if grace is None else grace
+    swept = store.sweep_expired(limit=limit, grace=grace)
     options = {} if connection is None else {"connection": connection}
     report = SweepReport()
+    queues = QueueLengths(app, connection)
     for record in swept:
         if record.task is None:
             report.no_task.append(record)
+            continue
+        waiting = _behind_backlog(store, record, queues, grace)
+        if waiting:
+            # The mark brings it back a grace period from now.
+            logger.info("lease %s: ready and unclaimed, but %d messages wait in its queue: "
+                        "not re-published yet", record.key, waiting)
+            report.waiting.append((record, waiting))
             continue
         try:
             republish(app, record.task, **options)
@@ -95,6 +150,18 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
         signals.lease_swept.send(sender=app, key=record.key, record=record)
         report.republished.append(record)
     return report
+
+
+def _behind_backlog(store: Store, record: LeaseRecord, queues: QueueLengths,
+                    grace: float) -> int:
+    """How many messages a ready row's message may still be waiting behind (0: none, or the
+    broker cannot tell, or it waited ``QUEUE_WAIT_GRACES`` grace periods already)."""
+    if record.state is not LeaseState.READY or record.task is None:
+        return 0
+    claimable_at = max(record.not_before or 0.0, record.updated_at or 0.0)
+    if store.now() - claimable_at >= QUEUE_WAIT_GRACES * grace:
+        return 0
+    return queues.of(record.task) or 0
 
 
 def _note_swept(store: Store, record: LeaseRecord) -> None:

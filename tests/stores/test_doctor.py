@@ -368,3 +368,22 @@ def test_a_replica_without_min_replicas_to_write_is_named(tmp_path: Path) -> Non
     replica = found.get("store.redis_replicas")
     assert replica is not None and replica.severity == "warning", found
     assert "min-replicas-to-write" in replica.message and "failover" in replica.message
+
+
+def test_doctor_explains_the_grace_to_tasks_that_record_at_publish(sqlite_url: str) -> None:
+    """With ``lease_record_at_publish`` on, ``doctor`` adds one ``ok`` note (delivery) that
+    names the tasks, the grace and the queue-wait cap, and what a short or long grace costs; a
+    wrong type is an error naming the setting; off, no note."""
+    assert "delivery.record_at_publish" not in by_code(diagnose(make_app(sqlite_url)))
+    found = by_code(diagnose(make_app(sqlite_url, lease_record_at_publish=True,
+                                      lease_sweep_grace=30)))
+    note = found["delivery.record_at_publish"]
+    assert (note.severity, note.promise) == ("ok", "delivery")
+    assert "lease_sweep_grace=30s" in note.message and "up to 10 graces (300s)" in note.message
+    assert "re-publishes some that were only waiting" in note.message
+    assert "delays the recovery of a lost one" in note.message
+    assert ".report" in note.message
+    bad = [f for f in diagnose(make_app(sqlite_url, lease_record_at_publish="yes"))
+           if f.severity == "error"]
+    assert any("lease_record_at_publish (setting lease_record_at_publish) must be True or False"
+               in f.message for f in bad), bad

@@ -148,7 +148,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                              "runtime.history", "runtime.claims"}),
     ("the task's path", {"task", "execution", "execution.attempts", "execution.background",
                          "execution.settle", "execution.answers", "execution.unique",
-                         "execution.delivery", "execution.outage"}),
+                         "execution.delivery", "execution.outage", "execution.published"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "beat", "wiring", "metrics"}),
     ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "web", "web.app",

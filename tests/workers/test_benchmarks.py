@@ -189,3 +189,17 @@ def test_history_cost_benchmark_prints_a_row_per_store() -> None:
                                  r"\s+-?\d+%\s+-?[\d,]+$", run.stdout, re.MULTILINE)}
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
     assert all(with_it > 0 and without > 0 for with_it, without in rows.values()), run.stdout
+
+
+def test_publish_record_benchmark_measures_both_sides() -> None:
+    """``benchmarks/publish_record.py`` with tiny bursts prints, per store, publishes/s
+    without and with the row written at publish, and their ratio."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.publish_record", "--seconds",
+                          "0.05", "--rounds", "2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    rows = re.findall(r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)$",
+                      run.stdout, re.MULTILINE)
+    assert [row[0] for row in rows] == ["sqlite", "postgres", "redis"], run.stdout
+    assert all(float(value.replace(",", "")) > 0 for row in rows for value in row[1:]), (
+        run.stdout)

@@ -1,0 +1,178 @@
+"""``lease_record_at_publish``: a row from the moment of publish, so that a message the broker
+loses before anyone claimed it still runs (lease_celery.execution.published).
+
+Real workers on a Redis broker (ttl 2 s, sweep every 0.5 s, grace 2 s); the publisher is an app
+of the test's own (tests/support/publisher.py), in this process or in processes of its own.
+A message is lost by deleting it from the broker's list (LREM), as a worker killed between
+kombu's pop and its unacked record, a failover or a purge would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from lease_celery import LeaseState, open_store
+from tests.support.publisher import NAME, publisher
+from tests.support.servers import REDIS_URL
+from tests.support.tokens import token_base
+from tests.support.workers import REPO, WorkerPool
+
+GRACE, INTERVAL = 2.0, 0.5
+ENV = {"LEASE_TEST_TTL": "2", "LEASE_TEST_HEARTBEAT": "0.5",
+       "LEASE_TEST_SWEEP_INTERVAL": str(INTERVAL), "LEASE_TEST_SWEEP_GRACE": str(GRACE)}
+
+
+def _job() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def _delete_from_broker(workers: WorkerPool, task_ids: set[str]) -> int:
+    """LREM the messages of these task ids from the workers' queue; how many were there."""
+    client = redis.Redis.from_url(REDIS_URL)
+    queue = workers.env["LEASE_TEST_QUEUE"]
+    removed = 0
+    for raw in client.lrange(queue, 0, -1):
+        if json.loads(raw)["headers"]["id"] in task_ids:
+            removed += int(client.lrem(queue, 1, raw))
+    return removed
+
+
+def _run_publisher(workers: WorkerPool, job: str, *args: str,
+                   task_id: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.support.publisher", REDIS_URL,
+         workers.env["LEASE_TEST_QUEUE"], workers.store_url, task_id, job, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.worker
+@pytest.mark.worker_env(**ENV)
+def test_a_message_the_broker_lost_still_runs_once(workers: WorkerPool) -> None:
+    """Two messages deleted from the broker before any worker saw them: the one published
+    with ``lease_record=True`` runs once, under the key's first token, about a grace period
+    plus a sweep after it became claimable; the one published without a row is lost for good
+    (what every message was before)."""
+    task = publisher(REDIS_URL, workers.env["LEASE_TEST_QUEUE"], workers.store_url)
+    kept, control = _job(), _job()
+    recorded = task.apply_async((kept, 0.1), lease_record=True)
+    unrecorded = task.apply_async((control, 0.1))
+    published_at = time.time()
+    with open_store(workers.store_url) as store:
+        row = store.get(f"job:{kept}")
+        assert row is not None and (row.state, row.task_id) == (LeaseState.READY, recorded.id)
+        assert store.get(f"job:{control}") is None
+    assert _delete_from_broker(workers, {recorded.id, unrecorded.id}) == 2
+    workers.start("a", concurrency=2)
+    assert recorded.get(timeout=30)["token"] == token_base(workers.store_url) + 1
+    starts = workers.journal.events("body_start", job_id=kept)
+    assert [s["task_id"] for s in starts] == [recorded.id]
+    # Claimable at publish: due a grace later, re-published by the first sweep after that.
+    assert starts[0]["t"] - published_at < max(GRACE, time.time() - published_at) + 5
+    assert [e["key"] for e in workers.journal.events("lease_swept")] == [f"job:{kept}"]
+    time.sleep(GRACE + 2 * INTERVAL)
+    assert workers.journal.events("body_start", job_id=control) == []
+    assert len(workers.journal.events("body_start", job_id=kept)) == 1
+    with open_store(workers.store_url) as store:
+        done = store.get(f"job:{kept}")
+        assert done is not None and done.state is LeaseState.DONE
+        assert store.get(f"job:{control}") is None
+
+
+@pytest.mark.worker
+@pytest.mark.worker_env(**ENV)
+def test_a_publisher_killed_between_the_row_and_the_publish_is_recovered(
+        workers: WorkerPool) -> None:
+    """The publisher process is SIGKILLed once its row is written, as the message was about
+    to go to the broker: no message ever existed, and the task still runs, once, with the
+    task id the publisher chose, a grace period after the publish."""
+    workers.start("a", concurrency=2)
+    job, task_id = _job(), str(uuid.uuid4())
+    died = _run_publisher(workers, job, "--die-before-publish", task_id=task_id)
+    assert died.returncode == -9, died.stderr
+    died_at = time.time()
+    with open_store(workers.store_url) as store:
+        row = store.get(f"job:{job}")
+        assert row is not None and (row.state, row.task_id) == (LeaseState.READY, task_id)
+    workers.journal.wait_for(lambda j: bool(j.events("body_end", job_id=job)), timeout=20,
+                             what="the recovered task to run")
+    starts = workers.journal.events("body_start", job_id=job)
+    assert [s["task_id"] for s in starts] == [task_id]
+    assert GRACE - 0.5 < starts[0]["t"] - died_at < GRACE + INTERVAL + 2.0
+    assert workers.client.AsyncResult(task_id).get(timeout=10)["job_id"] == job
+    assert [e["task_id"] for e in workers.journal.events("task_received")
+            if e["task"] == NAME] == [task_id]
+
+
+@pytest.mark.worker
+@pytest.mark.worker_env(**ENV)
+def test_two_unique_publishers_at_once_publish_once(workers: WorkerPool) -> None:
+    """Two publisher processes publish the same keys at the same instant with
+    ``lease_unique`` and ``lease_record``: for each key the row's conditional write picks one
+    of them, the other gets its ``AsyncResult``; one message per key, one run."""
+    workers.start("a", concurrency=2)
+    jobs = [_job() for _ in range(4)]
+    at = time.time() + 3.0
+    procs = [[subprocess.Popen(
+        [sys.executable, "-m", "tests.support.publisher", REDIS_URL,
+         workers.env["LEASE_TEST_QUEUE"], workers.store_url, "", job, "--unique",
+         "--at", str(at)], cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        for job in jobs]
+    for job, pair in zip(jobs, procs, strict=True):
+        ids = [p.communicate(timeout=60)[0].strip() for p in pair]
+        assert all(p.returncode == 0 for p in pair)
+        assert ids[0] == ids[1], (job, ids)
+        workers.journal.wait_for(lambda j, job=job: bool(j.events("body_end", job_id=job)),
+                                 timeout=20, what=f"{job} to run")
+        assert [s["task_id"] for s in workers.journal.events("body_start", job_id=job)] == [
+            ids[0]]
+    received = [e["task_id"] for e in workers.journal.events("task_received")
+                if e["task"] == NAME]
+    assert len(received) == len(jobs)
+
+
+def test_a_ready_row_whose_queue_holds_messages_waits_for_them(tmp_path: Path) -> None:
+    """The sweeper asks the broker how many messages wait in a ready row's queue: while some
+    do (the row's message may be one of them), the row is left for a later sweep, at most
+    ``QUEUE_WAIT_GRACES`` grace periods; once the queue is empty it is re-published. Real
+    Redis broker; a SQLite store on an injected clock."""
+    from celery import Celery
+
+    from lease_celery.worker.sweeper import QUEUE_WAIT_GRACES, sweep_report
+
+    queue = f"lease-tests-backlog-{uuid.uuid4().hex[:8]}"
+    app = Celery("backlog", broker=REDIS_URL, set_as_current=False)
+    app.conf.task_default_queue = queue
+    now = [1000.0]
+    client = redis.Redis.from_url(REDIS_URL)
+    info = {"task": NAME, "args": ["j", 0.1], "kwargs": {},
+            "options": {"task_id": str(uuid.uuid4())}}
+    try:
+        with open_store(f"sqlite:///{tmp_path / 'leases.sqlite3'}",
+                        clock=lambda: now[0]) as store:
+            assert store.record_published("job:j", task=info)
+            for n in range(3):  # the backlog the row's message waits behind
+                app.send_task("other.task", args=(n,), queue=queue)
+            now[0] += 2.5
+            report = sweep_report(app, store, grace=2.0)
+            assert [(r.key, n) for r, n in report.waiting] == [("job:j", 3)]
+            assert report.republished == []
+            now[0] += 2.5  # still waiting: left alone again
+            assert [n for _, n in sweep_report(app, store, grace=2.0).waiting] == [3]
+            now[0] = 1000.0 + QUEUE_WAIT_GRACES * 2.0  # waited long enough: re-published
+            assert [r.key for r in sweep_report(app, store, grace=2.0).republished] == [
+                "job:j"]
+            assert client.llen(queue) == 4
+            client.delete(queue)
+            now[0] += 2.5  # an empty queue: re-published at once when due
+            assert [r.key for r in sweep_report(app, store, grace=2.0).republished] == [
+                "job:j"]
+    finally:
+        client.delete(queue)
