@@ -15,6 +15,8 @@ DATA_DIR = os.path.abspath(os.environ.get("EXAMPLE_DATA_DIR", "example-data"))
 
 broker_url = os.environ.get("EXAMPLE_BROKER_URL", "filesystem://")
 if broker_url.startswith("filesystem://"):
+    # kombu's own, except that a message is written whole before a worker can read it.
+    broker_transport = "example_project.broker:Transport"
     broker_transport_options = {
         "data_folder_in": os.path.join(DATA_DIR, "broker"),
         "data_folder_out": os.path.join(DATA_DIR, "broker"),
