@@ -37,7 +37,7 @@ from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
 from .execution.outage import deferral_reason, finish_waiting, retrying
-from .execution.published import record_at_publish
+from .execution.published import record_at_publish, withdraw
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
@@ -151,7 +151,14 @@ class LeasedTask(AttemptEnding):
                 and (task_id is None or task_id != self.request.id)):
             # Not for a retry (the holder publishing itself again): its row exists.
             task_id = task_id or uuid.uuid4().hex
-            if record_at_publish(self, args, kwargs, task_id, options) or not unique:
+            key = record_at_publish(self, args, kwargs, task_id, options)
+            if key is not None:
+                try:
+                    return super().apply_async(args, kwargs, task_id, *more, **options)
+                except Exception as exc:  # the caller hears of it: no run behind its back
+                    withdraw(self, key, task_id, f"its publish failed ({exc!r})")
+                    raise
+            if not unique:
                 return super().apply_async(args, kwargs, task_id, *more, **options)
         if unique:
             holder = existing_holder(self, args, kwargs, task_id)
@@ -228,10 +235,10 @@ class LeasedTask(AttemptEnding):
         except Answer as answer:
             return self._answer(answer, settings, args, kwargs, heartbeat)
         request.lease = handle
-        freeze_links(request)
         heartbeat.watch(handle)
         started = time.monotonic()
         try:
+            freeze_links(request)
             # A claim whose reply came back after its own deadline (a stalled process, a
             # green pool's busy loop) holds nothing: never start the body on it.
             handle.check()
@@ -407,6 +414,7 @@ class LeasedTask(AttemptEnding):
         signals.duplicate_answered.send(sender=self, key=record.key, state=record.state.value,
                                         record=record, lease=handle._lease)
         if record.state is LeaseState.DEAD:
+            heartbeat.unwatch(handle)  # _kill watches it again if the failure settles
             self._kill(handle, record.reason or "dead")
             raise LeaseDead(f"lease {record.key!r} is dead: {record.reason}")
         heartbeat.watch(handle)

@@ -10,6 +10,8 @@ What it connects, each module's own ``install``:
   giving leases back at shutdown;
 - ``timelimits``: a hard time limit the pool told (``task_failure``);
 - ``settle``: an outcome Celery could not store (``task_postrun``);
+- ``published``: a message a worker drops unrun takes its row written at publish
+  (``task_revoked``);
 - ``history`` and ``metrics``: lease_celery's own signals.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import threading
 
 from . import metrics
-from .execution import settle
+from .execution import published, settle
 from .runtime import history
 from .worker import lifecycle as worker
 from .worker import timelimits
@@ -35,6 +37,6 @@ def install() -> None:
     with _lock:
         if _installed:
             return
-        for part in (history, metrics, settle, timelimits, worker):
+        for part in (history, metrics, published, settle, timelimits, worker):
             part.install()
         _installed = True

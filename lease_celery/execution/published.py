@@ -17,6 +17,11 @@ With ``lease_unique`` too, the write *is* the uniqueness check: of two publisher
 exactly one writes the row and publishes; the other finds the row and gets the holder's
 ``AsyncResult`` (the race that a read-then-publish leaves open, ``unique.py``).
 
+A publish that raises takes its row back (the caller saw the failure and may publish again);
+a message a worker drops unrun, revoked or expired, takes its row with it (``install``: Celery's
+``task_revoked``), and a relative ``expires`` is recorded as the instant it names, so a
+re-published copy expires when the original would have.
+
 What it does not cover: a publish whose row exists already (a live or done key) gets no row
 of its own, so if that message is lost, its own ``AsyncResult`` waits (the key's work itself
 is covered by the existing row).
@@ -29,18 +34,26 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from celery import signals as celery_signals
 from celery.utils.time import maybe_make_aware
+from kombu.entity import Exchange, Queue
 
+from ..apps import is_leased
+from ..errors import LeaseError
 from ..keys import resolve_key
+from ..models import LeaseState
 from ..stores.registry import shared_store
 
-__all__ = ["countdown_of", "published_info", "record_at_publish"]
+__all__ = ["countdown_of", "install", "published_info", "record_at_publish", "withdraw"]
 
 logger = logging.getLogger(__name__)
 
 #: Publish options that say *when* the message runs: the row's sweep waits for them, and a
 #: re-publish (after that moment) leaves them out.
 _WHEN = ("countdown", "eta")
+#: Publish options that are the publisher's machinery, not the message (Celery's canvas
+#: passes a producer to every member of a group): never recorded.
+_MACHINERY = ("producer", "connection", "publisher", "router", "add_to_parent")
 
 
 def countdown_of(app: Any, options: Mapping[str, Any]) -> float:
@@ -61,8 +74,17 @@ def countdown_of(app: Any, options: Mapping[str, Any]) -> float:
 def published_info(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
                    task_id: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The message about to be published as a signature (task, args, kwargs, id, routing,
-    links), the form the lease row keeps for a re-publish (``delivery.task_info``)."""
-    kept = {k: v for k, v in options.items() if v is not None and k not in _WHEN}
+    links), the form the lease row keeps for a re-publish (``delivery.task_info``): a queue or
+    exchange by its name, a relative ``expires`` as the instant it names."""
+    kept: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None or name in _WHEN or name in _MACHINERY:
+            continue
+        if isinstance(value, (Queue, Exchange)):
+            value = value.name
+        elif name == "expires" and isinstance(value, (int, float)):
+            value = task.app.now() + datetime.timedelta(seconds=value)
+        kept[name] = value
     signature = dict(task.signature(tuple(args or ()), dict(kwargs or {}), task_id=task_id,
                                     **kept))
     signature["options"] = {k: v for k, v in signature.get("options", {}).items()
@@ -70,13 +92,18 @@ def published_info(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, A
     return signature
 
 
+def _key(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+         task_id: str) -> str:
+    return resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
+                       task_id=task_id)
+
+
 def record_at_publish(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
-                      task_id: str, options: Mapping[str, Any]) -> bool:
+                      task_id: str, options: Mapping[str, Any]) -> str | None:
     """Write the row of the key these arguments name as ``ready`` with the message's task
-    info; return whether it was written (False: the key has a row, left alone). A bad key
+    info; return the key if it was written (None: the key has a row, left alone). A bad key
     fails here, at publish, with the error the worker would raise."""
-    key = resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
-                      task_id=task_id)
+    key = _key(task, args, kwargs, task_id)
     store = shared_store(task.lease_settings.store_url)
     written = store.record_published(
         key, task=published_info(task, args, kwargs, task_id, options),
@@ -84,4 +111,42 @@ def record_at_publish(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str
     if not written:
         logger.debug("lease %s has a row already: task %s published without one of its own",
                      key, task_id)
-    return written
+        return None
+    return key
+
+
+def withdraw(task: Any, key: str, task_id: str, why: str) -> bool:
+    """Delete the row ``record_at_publish`` wrote for ``task_id`` if nobody claimed it yet
+    (its message failed to publish, or a worker dropped it unrun); return whether it was."""
+    store = shared_store(task.lease_settings.store_url)
+    record = store.get(key)
+    if (record is None or record.state is not LeaseState.READY or record.attempts
+            or record.task_id != task_id):
+        return False
+    purged = store.purge(key)
+    if purged:
+        logger.info("lease %s: the row written at the publish of task %s is withdrawn: %s",
+                    key, task_id, why)
+    return purged
+
+
+def _drop_unrun(sender: Any = None, request: Any = None, expired: bool = False,
+                **_: Any) -> None:
+    """A worker dropped a message unrun (revoked, or expired): its row goes too, or the
+    sweeper would publish it again, and again."""
+    if not is_leased(sender) or request is None or not getattr(request, "id", None):
+        return
+    try:
+        key = _key(sender, getattr(request, "args", None), getattr(request, "kwargs", None),
+                   request.id)
+        withdraw(sender, key, request.id, "its message expired unrun" if expired
+                 else "its message was revoked unrun")
+    except (LeaseError, ValueError):
+        logger.warning("lease_celery: the row of revoked task %s could not be withdrawn",
+                       getattr(request, "id", None), exc_info=True)
+
+
+def install() -> None:
+    """Withdraw the row of a message a worker drops unrun (wiring)."""
+    celery_signals.task_revoked.connect(
+        _drop_unrun, weak=False, dispatch_uid="lease_celery.execution.published.task_revoked")

@@ -95,9 +95,13 @@ class InFlight:
 
     def not_landed(self, sent_at: float, token_seen: int) -> None:
         """A read sent at ``sent_at`` found the row without this claim (``token_seen``: its
-        token then, 0 for no row)."""
+        token then, 0 for no row). It counts only within a ttl of the claim's send or of the
+        previous such read: a later one could come after the claim landed, expired and its
+        row was purged (nothing renewed it in between, or an adoption would have)."""
         with self._lock:
-            self._not_landed = (sent_at, token_seen)
+            since = self._not_landed[0] if self._not_landed else self.sent_at
+            if sent_at < since + self.ttl:
+                self._not_landed = (sent_at, token_seen)
 
     def renewed(self, lease: Lease, sent_at: float) -> None:
         """The heartbeat's renewal of the adopted row, sent at ``sent_at``, was accepted."""

@@ -344,9 +344,9 @@ class Heartbeat:
         again next interval; a refused renewal ends the adoption (the reply, read late, then
         finds its deadline passed, as before)."""
         for claim in claims:
-            if claim.answered:
-                continue
             sent_at = time.monotonic()
+            if claim.answered or sent_at >= claim.deadline:
+                continue  # answered, or too late to keep anything the store granted
             try:
                 lease = claim.adopted
                 if lease is None:

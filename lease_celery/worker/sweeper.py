@@ -11,9 +11,9 @@ every row that is not terminal is re-published when nobody will run it otherwise
 - ``ready`` and unclaimed ``lease_sweep_grace`` seconds after it became claimable: its retry
   or re-published message was lost.
 
-A ready row whose queue still holds messages may only be waiting behind them (a message
-published with ``lease_record_at_publish`` sits behind the backlog; so does a retry): it is
-not re-published while the broker says that queue is not empty, for at most
+A row written at publish (``lease_record_at_publish``) and never claimed may only be waiting
+behind the backlog of its queue: it is not re-published while the broker says that queue is
+not empty, for at most
 ``QUEUE_WAIT_GRACES`` grace periods; then it is, whatever the queue holds. Where the broker
 cannot tell, the grace alone decides, as before.
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import shared_task
+from kombu.exceptions import ChannelError
 
 from .. import signals
 from ..apps import leased_tasks
@@ -79,9 +80,14 @@ class QueueLengths:
 
     def _count(self, queue: str) -> int | None:
         try:
-            with self.app.connection_or_acquire(self.connection) as conn:
-                declared = conn.default_channel.queue_declare(queue=queue, passive=True)
+            # A channel of its own: RabbitMQ closes the channel a passive declare of a missing
+            # queue fails on, and the connection's default one carries the re-publishes.
+            with self.app.connection_or_acquire(self.connection) as conn, \
+                    conn.channel() as channel:
+                declared = channel.queue_declare(queue=queue, passive=True)
             return int(declared.message_count)
+        except ChannelError:  # no such queue: nothing waits in it
+            return 0
         except Exception:
             logger.debug("lease sweeper: the broker did not count queue %r", queue,
                          exc_info=True)
@@ -154,9 +160,10 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
 
 def _behind_backlog(store: Store, record: LeaseRecord, queues: QueueLengths,
                     grace: float) -> int:
-    """How many messages a ready row's message may still be waiting behind (0: none, or the
-    broker cannot tell, or it waited ``QUEUE_WAIT_GRACES`` grace periods already)."""
-    if record.state is not LeaseState.READY or record.task is None:
+    """How many messages a row written at publish (ready, never claimed) may still be waiting
+    behind (0: none, or the broker cannot tell, or it waited ``QUEUE_WAIT_GRACES`` grace
+    periods already). A retry's row is re-published after the grace alone, as before."""
+    if record.state is not LeaseState.READY or record.task is None or record.attempts:
         return 0
     claimable_at = max(record.not_before or 0.0, record.updated_at or 0.0)
     if store.now() - claimable_at >= QUEUE_WAIT_GRACES * grace:

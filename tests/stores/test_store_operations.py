@@ -377,6 +377,11 @@ def test_record_published_writes_a_ready_row_once_and_the_sweeper_finds_it_lost(
     assert store.finish(lease, None)
     assert store.purge("pub:b")
     assert store.record_published("pub:b", task=TASK) is True
+    reused = store.get("pub:b")
+    assert reused is not None
+    assert (reused.state, reused.owner, reused.expires_at, reused.attempts, reused.reason,
+            reused.result, reused.checkpoint, reused.cancel, reused.settling) == (
+        LeaseState.READY, None, None, 0, None, None, None, None, False)
     assert claim(store, "pub:b", task=TASK).token == lease.token + 1
 
 

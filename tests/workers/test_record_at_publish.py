@@ -176,3 +176,60 @@ def test_a_ready_row_whose_queue_holds_messages_waits_for_them(tmp_path: Path) -
                 "job:j"]
     finally:
         client.delete(queue)
+
+
+@pytest.mark.worker
+@pytest.mark.worker_env(**ENV)
+def test_a_group_of_recorded_tasks_publishes_and_runs_each_once(workers: WorkerPool) -> None:
+    """Celery's canvas hands every member of a group its producer (and a chain its own
+    options): none of that machinery is recorded, a queue object is recorded by its name, and
+    each member's row is written and run once."""
+    from celery import group
+    from kombu.entity import Queue
+
+    task = publisher(REDIS_URL, workers.env["LEASE_TEST_QUEUE"], workers.store_url)
+    workers.start("a", concurrency=2)
+    jobs = [_job() for _ in range(3)]
+    queue = Queue(workers.env["LEASE_TEST_QUEUE"])
+    results = group(task.s(job, 0.1).set(lease_record=True, queue=queue)
+                    for job in jobs).apply_async()
+    assert sorted(r["job_id"] for r in results.get(timeout=30)) == sorted(jobs)
+    with open_store(workers.store_url) as store:
+        for job in jobs:
+            record = store.get(f"job:{job}")
+            assert record is not None and record.state is LeaseState.DONE
+            assert len(workers.journal.events("body_start", job_id=job)) == 1
+
+
+@pytest.mark.worker
+@pytest.mark.worker_env(**ENV)
+def test_a_message_dropped_unrun_takes_its_row_and_a_failed_publish_too(
+        workers: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded message that expires before a worker takes it is dropped by Celery unrun
+    (``task_revoked``, which a revoked message sends too): its row goes with it, and the
+    sweeper does not bring it back grace after grace. A publish that raises takes its row
+    back: the caller heard of the failure, nothing runs behind its back."""
+    task = publisher(REDIS_URL, workers.env["LEASE_TEST_QUEUE"], workers.store_url)
+    expired, failed = _job(), _job()
+    task.apply_async((expired, 0.1), lease_record=True, expires=0.5)
+    time.sleep(1.0)
+    workers.start("a", concurrency=2)
+    with open_store(workers.store_url) as store:
+        deadline = time.monotonic() + 10
+        while store.get(f"job:{expired}") is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.get(f"job:{expired}") is None
+    time.sleep(GRACE + 3 * INTERVAL)
+    assert workers.journal.events("body_start", job_id=expired) == []
+    assert workers.journal.events("lease_swept") == []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(task.app.amqp, "send_task_message", refuse)
+    from kombu.exceptions import OperationalError
+
+    with pytest.raises(OperationalError, match="the broker is down"):  # Celery wraps it
+        task.apply_async((failed, 0.1), lease_record=True)
+    with open_store(workers.store_url) as store:
+        assert store.get(f"job:{failed}") is None

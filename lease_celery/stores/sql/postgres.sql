@@ -278,8 +278,10 @@ INSERT INTO {schema}.lease_celery_leases AS l
 SELECT %(key)s, 'ready', NULL, 0, NULL, 0, 0, clock.now, %(task)s, clock.now + %(countdown)s
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
-    state = 'ready', attempts = 0, takeovers = 0, updated_at = EXCLUDED.updated_at,
-    task = EXCLUDED.task, sweep_at = EXCLUDED.sweep_at
+    state = 'ready', owner = NULL, expires_at = NULL, attempts = 0, takeovers = 0, fence = 0,
+    nonce = NULL, not_before = NULL, reason = NULL, result = NULL, checkpoint = NULL,
+    cancel = NULL, settling = false, swept_by = NULL, swept_token = NULL,
+    updated_at = EXCLUDED.updated_at, task = EXCLUDED.task, sweep_at = EXCLUDED.sweep_at
 WHERE l.state = 'purged'
 RETURNING l.key
 

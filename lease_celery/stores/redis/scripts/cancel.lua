@@ -16,7 +16,7 @@ redis.call('HSET', KEYS[1], 'state', 'dead', 'reason', ARGV[2], 'cancel', ARGV[2
            'expires_at', fmt(t), 'updated_at', fmt(t))
 local owner, token, fence = unpack(redis.call('HMGET', KEYS[1], 'owner', 'token', 'fence'))
 record(KEYS[2], KEYS[1], t, 'dead', owner, token, fence, ARGV[2])
-redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by')
+redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by', 'eta')
 redis.call('ZREM', KEYS[2], KEYS[1])
 redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
 return 1
