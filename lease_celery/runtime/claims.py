@@ -69,9 +69,11 @@ class InFlight:
 
     @property
     def deadline(self) -> float:
-        """Past this, with no renewal accepted, the store may have let the lease go."""
-        renewed = self._renewed
-        return (renewed[1] if renewed else self.sent_at) + self.ttl
+        """Past this, with no renewal accepted (or read that showed the claim had not landed
+        yet), the store may have let the lease go: the heartbeat stops looking."""
+        renewed, not_landed = self._renewed, self._not_landed
+        return max(self.sent_at, renewed[1] if renewed else 0.0,
+                   not_landed[0] if not_landed else 0.0) + self.ttl
 
     @property
     def adopted(self) -> Lease | None:

@@ -58,3 +58,14 @@ def test_an_adopted_renewal_goes_to_the_handle_whenever_it_lands() -> None:
     later = Lease(key="k", owner="o", token=3, expires_at=11.0)
     claim.renewed(later, claim.sent_at + 1.0)
     assert handle.renewed == [(first, claim.sent_at + 0.5), (later, claim.sent_at + 1.0)]
+
+
+def test_the_heartbeat_keeps_looking_while_reads_show_the_claim_has_not_landed() -> None:
+    """A claim waiting for a pooled connection longer than the ttl (its reads keep finding no
+    row) stays looked after: its deadline counts from the last counted read. (CI: a delivery
+    whose claim waited ~5 s behind a busy body was given up at 2 s and ran twice.)"""
+    claim = _claim()
+    assert claim.deadline == claim.sent_at + 2.0
+    claim.not_landed(claim.sent_at + 1.5, 0)
+    claim.not_landed(claim.sent_at + 3.0, 0)
+    assert claim.deadline == claim.sent_at + 5.0

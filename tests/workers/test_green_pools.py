@@ -217,9 +217,10 @@ def test_shutdown_under_a_green_pool_settles_or_releases_what_it_holds(
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)),
                              timeout=20, what="the long body to start")
     os.kill(cold.process.pid, signal.SIGQUIT)
-    signalled_at = time.monotonic()
-    cold.process.wait(15)
-    assert time.monotonic() - signalled_at < 5
+    # The exit itself may take seconds on a core shared with two busy loops (CI: 5.3 and
+    # 6.3 s): what is checked is that the lease was given back, not left to expire (an expired
+    # lease would still read running).
+    assert cold.process.wait(20) is not None
     record = _record(workers, f"job:{job}")
     assert record is not None
     assert (record.state, record.token) == (LeaseState.READY, base + 1)
