@@ -26,9 +26,10 @@ from lease_celery import LeasedTask
 NAME = "tests.support.worker_app.work"
 
 
-def publisher(broker: str, queue: str, store_url: str) -> Any:
-    """The ``work`` task of a publisher app of its own (its body runs in the workers only)."""
-    app = Celery(f"publisher-{uuid.uuid4().hex[:6]}", broker=broker, backend=broker,
+def publisher(broker: str, queue: str, store_url: str, *, backend: str | None = None) -> Any:
+    """The ``work`` task of a publisher app of its own (its body runs in the workers only);
+    results on ``backend`` (default: the broker, a Redis one)."""
+    app = Celery(f"publisher-{uuid.uuid4().hex[:6]}", broker=broker, backend=backend or broker,
                  set_as_current=False)
     app.conf.update(task_default_queue=queue, lease_store_url=store_url)
 

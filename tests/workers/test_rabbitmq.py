@@ -226,3 +226,33 @@ def test_long_task_keeps_its_lease_through_heartbeats(workers: WorkerPool) -> No
     assert workers.journal.events("duplicate_deferred", key=f"job:{job}")
     workers.journal.wait_for(lambda j: bool(j.events("duplicate_ignored", key=f"job:{job}")),
                              timeout=15, what="the deferred duplicate to be dropped")
+
+
+@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
+                        LEASE_TEST_SWEEP_INTERVAL="0.5", LEASE_TEST_SWEEP_GRACE="2")
+def test_a_purged_queue_loses_no_task_recorded_at_publish(workers: WorkerPool,
+                                                          broker_url: str) -> None:
+    """``lease_record_at_publish`` on RabbitMQ: the queue is purged before any worker saw
+    its messages; the task published with a row runs once (the sweeper counts the queue
+    empty, on a channel of its own, and re-publishes the row), the one without stays lost."""
+    from kombu import Connection
+
+    from tests.support.publisher import publisher
+
+    queue = workers.env["LEASE_TEST_QUEUE"]
+    task = publisher(broker_url, queue, workers.store_url, backend="rpc://")
+    kept, lost = _job(), _job()
+    task.apply_async((kept, 0.1), lease_record=True)
+    task.apply_async((lost, 0.1))
+    with Connection(broker_url) as conn:
+        assert conn.default_channel.queue_purge(queue) == 2
+    task.app.close()
+    workers.start("a", concurrency=2)
+    workers.journal.wait_for(lambda j: bool(j.events("body_end", job_id=kept)), timeout=20,
+                             what="the purged, recorded task to run")
+    time.sleep(3.0)  # a grace and more: nothing brings the other one back
+    assert len(workers.journal.events("body_start", job_id=kept)) == 1
+    assert workers.journal.events("body_start", job_id=lost) == []
+    record = _record(workers, f"job:{kept}")
+    assert record is not None and record.state is LeaseState.DONE
+    assert _record(workers, f"job:{lost}") is None
