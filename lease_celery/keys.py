@@ -16,7 +16,7 @@ from typing import Any
 from .checks import check_key
 from .errors import ConfigError, InvalidKey
 
-__all__ = ["KeySpec", "check_key_spec", "resolve_key"]
+__all__ = ["KeySpec", "check_key_spec", "message_key", "resolve_key"]
 
 KeySpec = str | Callable[..., str] | None
 
@@ -90,3 +90,11 @@ def resolve_key(spec: KeySpec, run: Callable[..., Any], args: Sequence[Any],
     except (KeyError, IndexError, AttributeError) as exc:
         raise InvalidKey(f"lease_key {spec!r} cannot be formatted from the task arguments"
                          f" {sorted(arguments)}: {exc!r}") from exc
+
+
+def message_key(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+                task_id: str | None) -> str:
+    """The lease key of a message of ``task`` with these arguments, as a publisher (or a
+    receiver of Celery's signals) has them: ``args``/``kwargs`` may be None."""
+    return resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
+                       task_id=task_id)

@@ -40,7 +40,7 @@ from kombu.entity import Exchange, Queue
 
 from ..apps import is_leased
 from ..errors import LeaseError
-from ..keys import resolve_key
+from ..keys import message_key
 from ..models import LeaseState
 from ..stores.registry import shared_store
 
@@ -92,18 +92,12 @@ def published_info(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, A
     return signature
 
 
-def _key(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
-         task_id: str) -> str:
-    return resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
-                       task_id=task_id)
-
-
 def record_at_publish(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
                       task_id: str, options: Mapping[str, Any]) -> str | None:
     """Write the row of the key these arguments name as ``ready`` with the message's task
     info; return the key if it was written (None: the key has a row, left alone). A bad key
     fails here, at publish, with the error the worker would raise."""
-    key = _key(task, args, kwargs, task_id)
+    key = message_key(task, args, kwargs, task_id)
     store = shared_store(task.lease_settings.store_url)
     written = store.record_published(
         key, task=published_info(task, args, kwargs, task_id, options),
@@ -137,7 +131,7 @@ def _drop_unrun(sender: Any = None, request: Any = None, expired: bool = False,
     if not is_leased(sender) or request is None or not getattr(request, "id", None):
         return
     try:
-        key = _key(sender, getattr(request, "args", None), getattr(request, "kwargs", None),
+        key = message_key(sender, getattr(request, "args", None), getattr(request, "kwargs", None),
                    request.id)
         withdraw(sender, key, request.id, "its message expired unrun" if expired
                  else "its message was revoked unrun")

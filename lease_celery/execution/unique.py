@@ -22,7 +22,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..keys import resolve_key
+from ..keys import message_key
 from ..models import LeaseState
 from ..stores.registry import shared_store
 
@@ -41,8 +41,7 @@ def existing_holder(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, 
     the worker would raise."""
     if task.lease_key is None and not task_id:
         return None  # keyed by a task id yet to be made: nothing can hold it
-    key = resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
-                      task_id=task_id)
+    key = message_key(task, args, kwargs, task_id)
     record = shared_store(task.lease_settings.store_url).get(key)
     if record is None or record.state not in UNIQUE_STATES or not record.task_id:
         return None

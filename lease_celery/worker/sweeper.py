@@ -127,11 +127,12 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
     options = {} if connection is None else {"connection": connection}
     report = SweepReport()
     queues = QueueLengths(app, connection)
+    now = store.now() if swept else 0.0  # one clock read per sweep, not per row
     for record in swept:
         if record.task is None:
             report.no_task.append(record)
             continue
-        waiting = _behind_backlog(store, record, queues, grace)
+        waiting = _behind_backlog(record, queues, grace, now)
         if waiting:
             # The mark brings it back a grace period from now.
             logger.info("lease %s: ready and unclaimed, but %d messages wait in its queue: "
@@ -158,15 +159,15 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
     return report
 
 
-def _behind_backlog(store: Store, record: LeaseRecord, queues: QueueLengths,
-                    grace: float) -> int:
+def _behind_backlog(record: LeaseRecord, queues: QueueLengths, grace: float,
+                    now: float) -> int:
     """How many messages a row written at publish (ready, never claimed) may still be waiting
     behind (0: none, or the broker cannot tell, or it waited ``QUEUE_WAIT_GRACES`` grace
     periods already). A retry's row is re-published after the grace alone, as before."""
     if record.state is not LeaseState.READY or record.task is None or record.attempts:
         return 0
     claimable_at = max(record.not_before or 0.0, record.updated_at or 0.0)
-    if store.now() - claimable_at >= QUEUE_WAIT_GRACES * grace:
+    if now - claimable_at >= QUEUE_WAIT_GRACES * grace:
         return 0
     return queues.of(record.task) or 0
 
