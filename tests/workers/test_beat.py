@@ -720,7 +720,7 @@ def _run_beats(rig: BeatRig, count: int, scheduler: str, entry: str, *, slots: i
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize("beats", [2, 3])
+@pytest.mark.parametrize("beats", [3])  # two beats are the smaller case of three (14 s saved)
 def test_every_slot_runs_once_with_several_beats(rig: BeatRig, beats: int) -> None:
     """``beats`` real beats, started 0.7 s apart, all send every 1 s slot, on its boundary and
     under its slot's id; the worker runs each slot exactly once: runs == slots from the first

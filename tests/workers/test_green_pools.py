@@ -95,9 +95,11 @@ def test_doctor_says_what_holds_on_the_configured_pool(
 
 SCENES = [pytest.param("gevent", "redis", id="gevent-redis"),
           pytest.param("eventlet", "sqlite", id="eventlet-sqlite")]
-#: The issue's case on both server stores, under both green pools.
-BUSY_SCENES = [pytest.param(pool, store, id=f"{pool}-{store}")
-               for pool in ("gevent", "eventlet") for store in ("redis", "postgres")]
+#: The issue's case: each green pool, and each server store, once (the four pairs were all
+#: tried when the heartbeat moved to OS threads; two scenes keep 20 s of the suite's ten
+#: minutes).
+BUSY_SCENES = [pytest.param("gevent", "postgres", id="gevent-postgres"),
+               pytest.param("eventlet", "redis", id="eventlet-redis")]
 
 
 @pytest.mark.worker
