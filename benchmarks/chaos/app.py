@@ -30,7 +30,7 @@ __all__ = ["app", "job", "on_done", "on_done_plain"]
 CHECK_SLICE = 0.05
 
 config = ChaosConfig.from_env(os.environ)
-events = EventLog(config.broker_url, config.events_key)
+events = EventLog(config.backend_url, config.events_key)
 flags = Flags(Path(config.flags_dir))
 
 app = Celery("chaos")

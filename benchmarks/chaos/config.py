@@ -41,14 +41,16 @@ def effect_key(job: str) -> str:
 class ChaosConfig:
     """Everything a worker of one chaos run needs to know."""
 
-    broker_url: str  # a Redis database; every key of this run starts with ``keyprefix``
+    broker_url: str  # Redis (every key of this run starts with ``keyprefix``) or RabbitMQ
     keyprefix: str
     queue: str
     store_url: str  # the lease store as the workers reach it (through the proxy for servers)
     receiver_url: str
-    events_key: str  # the Redis list (in the broker's database) holding the event log
+    events_key: str  # the Redis list (in ``backend_url``'s database) holding the event log
     flags_dir: str
     harness_pid: int  # workers kill themselves when this process is gone (no orphans)
+    #: The Redis database of the result backend and the event log (the broker's, on Redis).
+    backend_url: str = "redis://127.0.0.1:6379/15"
     ttl: float = 2.0
     heartbeat: float = 0.5
     sweep_interval: float = 1.0
@@ -93,12 +95,13 @@ class ChaosConfig:
 
     def celery_conf(self) -> dict[str, Any]:
         """Broker and result backend settings both sides use."""
+        redis_broker = self.broker_url.startswith("redis")
         return {
             "broker_url": self.broker_url,
-            "result_backend": self.broker_url,
+            "result_backend": self.backend_url,
             "task_default_queue": self.queue,
-            # One prefix for every broker and result key of the run: cleanup deletes exactly
-            # these, and runs (or the test suite's databases) never see each other's messages.
+            # One prefix for every Redis key of the run (broker and results): cleanup deletes
+            # exactly these, and runs (or the test suite's databases) never see each other's.
             "broker_transport_options": {
                 "global_keyprefix": self.keyprefix,
                 # Long by default, as in production: recovery must come from the lease rows
@@ -106,7 +109,7 @@ class ChaosConfig:
                 "visibility_timeout": self.visibility_timeout,
                 "unacked_restore_interval": 1,
                 "unacked_restore_throttle": 1,
-            },
+            } if redis_broker else {},
             "result_backend_transport_options": {"global_keyprefix": self.keyprefix},
             "result_expires": 3600,
             "task_serializer": "json",

@@ -139,26 +139,6 @@ def read_backend(client: Any, task_ids: list[str]) -> dict[str, BackendEntry]:
     return entries
 
 
-def read_broker(redis_client: Any, keyprefix: str, queue: str) -> list[BrokerMessage]:
-    """Task messages still in the run's queue and in kombu's unacked hash."""
-    messages: list[BrokerMessage] = []
-    for raw in (redis_client.hgetall(f"{keyprefix}unacked") or {}).values():
-        payload = json.loads(raw)[0]  # [message, exchange, routing key]
-        messages.append(_message(payload, "unacked"))
-    for key in redis_client.scan_iter(match=f"{keyprefix}{queue}*", count=1000):
-        if redis_client.type(key) in (b"list", "list"):
-            for raw in redis_client.lrange(key, 0, -1):
-                messages.append(_message(json.loads(raw), "queue"))
-    return messages
-
-
-def _message(payload: dict[str, Any], where: str) -> BrokerMessage:
-    headers = payload.get("headers") or {}
-    return BrokerMessage(task_id=str(headers.get("id")), task=str(headers.get("task")),
-                         parent_id=headers.get("parent_id"), root_id=headers.get("root_id"),
-                         where=where)
-
-
 def callback_ids(events: list[Event]) -> list[str]:
     """Task ids of the LeasedTask callbacks that ran (their backend entries are read too)."""
     return sorted({str(e["task_id"]) for e in events
@@ -166,12 +146,12 @@ def callback_ids(events: list[Event]) -> list[str]:
                    and e["event"] in ("callback_body", "lease_finished", "result_write")})
 
 
-def collect(*, store: str, ttl: float, store_url: str, client: Any, redis_client: Any,
-            keyprefix: str, queue: str, published: list[Published], events: list[Event],
+def collect(*, store: str, ttl: float, store_url: str, client: Any,
+            broker: list[BrokerMessage], published: list[Published], events: list[Event],
             received: list[dict[str, Any]], notes: list[str], wall_time: float) -> History:
     rows, receipts = read_store(store_url, published)
     ids = sorted({p.task_id for p in published} | set(callback_ids(events)))
     return History(store=store, ttl=ttl, published=published, rows=rows, receipts=receipts,
                    backend=read_backend(client, ids), events=events, received=received,
-                   broker=read_broker(redis_client, keyprefix, queue), notes=notes,
+                   broker=broker, notes=notes,
                    wall_time=wall_time)

@@ -72,6 +72,10 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         start = time.monotonic()
+        # send_task publishes by name, without the task's task_default_priority: given here,
+        # as a user publishing by name gives it (--conf task_default_priority=5).
+        priority = self.client.conf.task_default_priority
+        options = {} if priority is None else {"priority": int(priority)}
         for publication in self.plan:
             pause = start + publication.at - time.monotonic()
             if pause > 0 and self._halt.wait(pause):
@@ -80,7 +84,7 @@ class Publisher(threading.Thread):
                      self.client.signature(PLAIN_CALLBACK_TASK)]
             try:
                 self.client.send_task(JOB_TASK, args=(publication.job, publication.sleep_ms),
-                                      task_id=publication.task_id, link=links)
+                                      task_id=publication.task_id, link=links, **options)
             except Exception as exc:  # the broker is not faulted: report, do not hide it
                 self.errors.append(f"{publication.task_id}: {exc!r}")
                 continue

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .broker import BROKERS, BrokerSandbox, backend_url
 from .checker import Report, check
 from .config import ChaosConfig
 from .events import EventLog
@@ -38,7 +39,6 @@ from .sandbox import (
     REDIS_HOST,
     REDIS_PORT,
     STORES,
-    delete_keys,
     redis_client,
     store_sandbox,
 )
@@ -61,6 +61,7 @@ class HarnessError(Exception):
 @dataclass(frozen=True)
 class RunOptions:
     store: str
+    broker: str = "redis"
     tasks: int = 1000
     seconds: float | None = None  # the publishing (and fault) window
     faults: str = "all"
@@ -85,11 +86,16 @@ def _log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _check_servers(store: str) -> None:
+def _check_servers(store: str, broker: BrokerSandbox) -> None:
     try:
         redis_client(BROKER_DB).ping()
     except Exception as exc:
         raise HarnessError(f"Redis at {REDIS_HOST}:{REDIS_PORT} is not reachable: {exc}") from exc
+    try:
+        broker.check()
+    except Exception as exc:
+        raise HarnessError(f"the {broker.kind} broker at {broker.url} is not reachable: "
+                           f"{exc}") from exc
     if store == "postgres":
         import psycopg
 
@@ -117,16 +123,18 @@ def client_app(config: ChaosConfig) -> Any:
 
     app = Celery("chaos-harness", set_as_current=False)
     app.conf.update(config.celery_conf())
+    # The workers' extra settings too: a queue the publisher declares first must have the
+    # workers' arguments (x-max-priority), and task_default_priority applies to its publishes.
+    app.conf.update(config.extra_conf)
     return app
 
 
-def settle(store_url: str, job_keys: set[str], events: EventLog, queue_key: str, *,
+def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerSandbox, *,
            timeout: float) -> list[str]:
     """Wait until every key is done/dead, nothing is queued and the log is quiet; return the
     keys still open when the deadline passed or the run stalled."""
     from lease_celery import LeaseState, open_store
 
-    broker = redis_client(BROKER_DB)
     deadline = time.monotonic() + timeout
     length, changed = -1, time.monotonic()
     with open_store(store_url) as store:
@@ -138,7 +146,7 @@ def settle(store_url: str, job_keys: set[str], events: EventLog, queue_key: str,
             unsettled = {k for k in job_keys if jobs.get(k) not in (LeaseState.DONE,
                                                                     LeaseState.DEAD)}
             open_keys = sorted(unsettled | set(running))
-            queued = int(broker.llen(queue_key))
+            queued = broker.queued()
             if events.length() != length:
                 length, changed = events.length(), now
             if not open_keys and not queued and now - changed >= QUIET:
@@ -160,32 +168,35 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         # run's parallel tests included. Full runs only, by hand.
         raise HarnessError("store-restart on postgres restarts the machine's PostgreSQL: "
                            "not under CI=true")
-    _check_servers(options.store)
+    if options.broker not in BROKERS:
+        raise HarnessError(f"unknown broker {options.broker!r}; one of {', '.join(BROKERS)}")
+    run_id = uuid.uuid4().hex[:8]
+    keyprefix = f"chaos_{run_id}:"
+    broker = BrokerSandbox(options.broker, keyprefix, f"chaos-{run_id}")
+    _check_servers(options.store, broker)
     seed = options.seed if options.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
-    run_id = uuid.uuid4().hex[:8]
     folder = Path(tempfile.mkdtemp(prefix=f"chaos-{options.store}-{run_id}-"))
     (folder / "flags").mkdir()
-    keyprefix = f"chaos_{run_id}:"
-    broker_url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{BROKER_DB}"
-    events = EventLog(broker_url, f"{keyprefix}events")
+    events = EventLog(backend_url(), f"{keyprefix}events")
     flags = Flags(folder / "flags")
-    notes = [f"seed {seed}; faults {', '.join(kinds) or 'none'}; run directory {folder}",
-             *skipped]
+    notes = [f"broker {options.broker}; seed {seed}; faults {', '.join(kinds) or 'none'}; "
+             f"run directory {folder}", *skipped]
     if own_redis is not None:
         notes.append("the store on a redis-server of the run's own: " + (
             "appendonly yes, appendfsync always" if own_redis == "aof"
             else "no persistence (a restart loses every key)"))
-    _log(f"run {run_id} on {options.store}: {options.tasks} tasks over {options.window:.0f}s, "
-         f"faults {', '.join(kinds) or 'none'}, seed {seed}")
+    _log(f"run {run_id} on {options.store} ({options.broker} broker): {options.tasks} tasks "
+         f"over {options.window:.0f}s, faults {', '.join(kinds) or 'none'}, seed {seed}")
     with contextlib.ExitStack() as stack:
         # Callbacks run last-registered first: broker keys go last, after everything stopped.
-        stack.callback(delete_keys, BROKER_DB, keyprefix)
+        stack.callback(broker.cleanup)
         sandbox = stack.enter_context(store_sandbox(options.store, run_id, folder,
                                                     own_redis=own_redis))
         receiver_url = stack.enter_context(running_receiver(folder))
         config = ChaosConfig(
-            broker_url=broker_url, keyprefix=keyprefix, queue=f"chaos-{run_id}",
+            broker_url=broker.url, backend_url=backend_url(), keyprefix=keyprefix,
+            queue=broker.queue,
             store_url=sandbox.worker_url, receiver_url=receiver_url,
             events_key=events.key, flags_dir=str(folder / "flags"), harness_pid=os.getpid(),
             ttl=options.ttl, heartbeat=options.ttl / 4, sweep_interval=options.ttl / 2,
@@ -220,8 +231,8 @@ def run(options: RunOptions) -> tuple[Report, Path]:
             time.sleep(0.2)
         injector.stop()
         _log("settling")
-        open_keys = settle(sandbox.checker_url, {p.key for p in plan}, events,
-                           f"{keyprefix}{config.queue}", timeout=options.settle)
+        open_keys = settle(sandbox.checker_url, {p.key for p in plan}, events, broker,
+                           timeout=options.settle)
         if open_keys:
             notes.append(f"{len(open_keys)} keys still open when the run ended (deadline or "
                          f"no progress for {STALL:.0f}s): {', '.join(open_keys[:10])}"
@@ -235,8 +246,7 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         _log("collecting the history")
         published = [Published(p.task_id, p.job, p.key, p.kind) for p in publisher.published]
         history = collect(store=options.store, ttl=options.ttl, store_url=sandbox.checker_url,
-                          client=client, redis_client=redis_client(BROKER_DB),
-                          keyprefix=keyprefix, queue=config.queue, published=published,
+                          client=client, broker=broker.messages(), published=published,
                           events=events.read(), received=fetch_requests(receiver_url),
                           notes=notes, wall_time=time.monotonic() - started)
         history.save(folder / "history.json")
@@ -262,6 +272,8 @@ def parse_args(argv: list[str] | None) -> RunOptions:
         prog="python -m benchmarks.chaos",
         description="Run real workers under faults, then check the history they left.")
     parser.add_argument("--store", required=True, choices=STORES)
+    parser.add_argument("--broker", choices=BROKERS, default="redis",
+                        help="Redis (database 15) or the machine's RabbitMQ")
     parser.add_argument("--tasks", type=int, default=1000, help="jobs to publish (CI: 200)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="publishing and fault window (default: max(10, tasks/15))")
@@ -285,7 +297,7 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--conf", type=_conf_value, action="append", default=[],
                         metavar="NAME=VALUE", help="an extra setting for the workers' app")
     args = parser.parse_args(argv)
-    return RunOptions(store=args.store, tasks=args.tasks, seconds=args.seconds,
+    return RunOptions(store=args.store, broker=args.broker, tasks=args.tasks, seconds=args.seconds,
                       faults=args.faults, seed=args.seed, settle=args.settle, ttl=args.ttl,
                       visibility_timeout=args.visibility_timeout, workers=args.workers,
                       duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf),

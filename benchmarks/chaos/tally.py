@@ -7,6 +7,7 @@ from typing import Any
 
 from .config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK, effect_key
 from .history import History
+from .latency import fault_latencies, format_latency
 
 __all__ = ["tally"]
 
@@ -124,6 +125,11 @@ def tally(history: History, checks: dict[str, int], *, held: int,
         "lost by broker (never received)": vanished,
         "worker exits without a fault": _unexpected_exits(history),
         "workers hung at stop (SIGKILLed)": _hung(history),
-        "wall time": f"{history.wall_time:.1f}s",
     }
+    latencies = fault_latencies(history)
+    if latencies:
+        counts["fault to settled, goal at p95"] = f"{3 * history.ttl:g}s (3 x ttl)"
+    for kind, latency in latencies.items():
+        counts[f"fault to settled, {kind}"] = format_latency(latency)
+    counts["wall time"] = f"{history.wall_time:.1f}s"
     return counts

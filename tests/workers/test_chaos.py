@@ -22,7 +22,12 @@ import pytest
 from benchmarks.chaos.checker import CHECKS, check, deaths
 from benchmarks.chaos.config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK
 from benchmarks.chaos.history import BackendEntry, BrokerMessage, History, Published, Row
-from tests.support.servers import postgres_reachable, redis_reachable, require
+from tests.support.servers import (
+    postgres_reachable,
+    rabbitmq_reachable,
+    redis_reachable,
+    require,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -306,17 +311,24 @@ RUN_TIMEOUT = 240
 @pytest.mark.worker
 @pytest.mark.serial  # its 2 s ttl: a second test process starving this one fails a lease
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-@pytest.mark.parametrize("store", ["sqlite", "postgres", "redis"])
-def test_a_short_chaos_run_passes(store: str) -> None:
-    """200 tasks, duplicates, every fault that applies to the store: the checker passes."""
+@pytest.mark.parametrize(("store", "broker"), [("sqlite", "redis"), ("postgres", "redis"),
+                                               ("redis", "rabbitmq")])
+def test_a_short_chaos_run_passes(store: str, broker: str) -> None:
+    """200 tasks, duplicates, every fault that applies to the store: the checker passes. Each
+    store once, one of them on RabbitMQ (recovered work at its queue's top priority, new work
+    below it), the others on Redis (new work at priority 5, recovered work at 0)."""
     reachable, detail = redis_reachable()
     require("Redis", reachable, detail)
     if store == "postgres":
         reachable, detail = postgres_reachable()
         require("PostgreSQL", reachable, detail)
+    if broker == "rabbitmq":
+        reachable, detail = rabbitmq_reachable()
+        require("RabbitMQ", reachable, detail)
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--tasks", "200",
-         "--faults", "all", "--settle", "60"],
+        [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--broker", broker,
+         "--tasks", "200", "--faults", "all", "--settle", "60",
+         "--conf", "task_default_priority=5", "--conf", "task_queue_max_priority=10"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -327,3 +339,37 @@ def test_a_short_chaos_run_passes(store: str) -> None:
         output, _ = process.communicate(timeout=60)
         pytest.fail(f"the chaos run on {store} took more than {RUN_TIMEOUT}s:\n{output}")
     assert process.returncode == 0, f"the chaos run on {store} failed:\n{output}"
+
+
+def test_fault_to_settled_counts_the_keys_each_victim_held() -> None:
+    """``latency.fault_latencies``: a kill hits the keys its group's processes held (not one
+    they had finished, not another worker's), a stop the keys its child held; each settles at
+    its first accepted finish or death after the fault, by any process; a key whose sweep was
+    killed too is counted apart, and one that never settles is counted as such."""
+    from benchmarks.chaos.latency import fault_latencies, format_latency
+
+    history = clean_history()
+    history.events = [
+        _event("lease_acquired", 1.0, 11, key="k1", token=1),
+        _event("lease_acquired", 1.0, 12, key="k2", token=1),
+        _event("lease_finished", 1.5, 12, key="k2", token=1),  # done before the kill
+        _event("lease_acquired", 1.6, 12, key="k3", token=1),
+        _event("lease_acquired", 1.7, 31, key="k4", token=1),  # another worker's
+        _event("lease_acquired", 1.8, 32, key="k5", token=1),
+        _event("fault", 2.0, 1, kind="kill", main_pid=10, pids=[10, 11, 12]),
+        _event("fault", 2.5, 1, kind="stop", target=32),
+        _event("fault", 4.0, 33, kind="sweep_kill", group=33, keys=["k3"], tokens=[1]),
+        _event("lease_taken_over", 4.5, 21, key="k1", token=2),
+        _event("lease_finished", 5.0, 21, key="k1", token=2),
+        _event("lease_finished", 5.5, 31, key="k4", token=1),
+        _event("lease_dead", 7.0, 21, key="k5", token=2),
+        _event("lease_finished", 14.0, 21, key="k3", token=2),
+    ]
+    found = fault_latencies(history)
+    assert {kind: (sorted(f.seconds), f.unsettled) for kind, f in found.items()} == {
+        "kill": ([3.0], 0), "kill+sweep": ([12.0], 0), "stop": ([4.5], 0)}
+    history.events = [e for e in history.events if e.get("key") != "k5"]
+    assert "stop" not in fault_latencies(history)  # the stopped child held nothing
+    history.events.insert(0, _event("lease_acquired", 1.9, 32, key="k6", token=1))
+    assert format_latency(fault_latencies(history)["stop"]) == "no key, 1 never settled"
+    assert format_latency(found["kill"]) == "1 keys: p50 3.0s / p95 3.0s / max 3.0s"
