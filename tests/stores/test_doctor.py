@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import re
 import sys
 import time
 from pathlib import Path
@@ -387,3 +388,39 @@ def test_doctor_explains_the_grace_to_tasks_that_record_at_publish(sqlite_url: s
            if f.severity == "error"]
     assert any("lease_record_at_publish (setting lease_record_at_publish) must be True or False"
                in f.message for f in bad), bad
+
+
+def _documented_settings() -> list[tuple[str, str]]:
+    """(name, where) of every ``lease_*`` name in the README's settings table: ``task`` for a
+    task-only option, ``app`` for an app-wide setting, ``both`` for the rest."""
+    table = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = table.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for line in table.splitlines():
+        if not line.startswith("| `lease_"):
+            continue
+        first = line.split("|")[1]
+        where = "task" if "(task only)" in first else "app" if "(app-wide)" in first else "both"
+        found += [(name, where) for name in re.findall(r"`(lease_[a-z_]+)`", first)]
+    return found
+
+
+def test_every_documented_setting_is_one_doctor_knows(sqlite_url: str) -> None:
+    """Each ``lease_*`` name of the README's settings table, set where the table says it
+    goes, draws no ``settings.unknown`` or ``settings.app_only`` finding: the table and the
+    names doctor knows (lease_celery.names) do not drift apart."""
+    documented = _documented_settings()
+    assert len(documented) >= 15, documented
+    for name, where in documented:
+        if where == "task":
+            continue  # a task option set in app.conf is flagged by design
+        findings = diagnose(make_app(sqlite_url, **{name: _valid_value(name)}))
+        problems = [f.message for f in findings
+                    if f.code in ("settings.unknown", "settings.app_only")]
+        assert problems == [], (name, problems)
+
+
+def _valid_value(name: str) -> Any:
+    return {"lease_store_url": None, "lease_metrics_addr": "127.0.0.1",
+            "lease_finish_in_background": "auto", "lease_recovery_priority": "auto"}.get(
+        name, True if name in ("lease_record_at_publish", "lease_retry_time_limits") else 1)
