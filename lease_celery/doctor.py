@@ -18,10 +18,18 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .apps import is_leased
 from .errors import LeaseError, StoreDataLost
+from .execution.recovery import (
+    broker_family,
+    queue_max_priority,
+    queue_of,
+    recovery_priority,
+    redis_list,
+)
 from .names import FIXES, name_problems
 from .settings import (
     LeaseSettings,
     metrics_port,
+    recovery_priority_setting,
     resolve_settings,
     retention,
     sweep_grace,
@@ -92,7 +100,8 @@ def diagnose(app: Any, *, store_url: str | None = None,
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
             findings.append(_invalid(exc))
-    for app_setting in (sweep_grace, retention, sweep_interval, metrics_port):
+    for app_setting in (sweep_grace, retention, sweep_interval, metrics_port,
+                        recovery_priority_setting):
         try:
             app_setting(app)
         except LeaseError as exc:
@@ -266,10 +275,68 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
             "re-publishes keep the reply_to, so the publisher gets the accepted result; "
             "lease_celery never asks the result backend whether a task finished: the lease "
             "row is the record (celery leases show KEY)"))
+    found += _recovery_priority(app, tasks)
     if not any(f.severity != "ok" for f in found):
         found.append(Finding("delivery.ok", "ok", "delivery",
                              f"broker ({scheme}) settings agree with the leases"))
     return found
+
+
+#: What recovered work is, in a finding.
+_RECOVERED = ("re-published work (the task of an owner that died or stalled, a message the "
+              "broker lost, a lease that lapsed under its delivery)")
+
+
+def _recovery_priority(app: Any, tasks: list[Any]) -> list[Finding]:
+    """Whether recovered work goes ahead of a queue's backlog (``execution.recovery``)."""
+    try:
+        setting = recovery_priority_setting(app)
+        family = broker_family(app)
+    except Exception:  # refused (a settings.invalid finding already), or a transport kombu
+        return []  # cannot load (other findings say so)
+    code = "delivery.recovery_priority"
+    if not tasks:
+        return []
+    if setting is None:
+        return [Finding(code, "ok", "delivery", f"lease_recovery_priority=False: {_RECOVERED}"
+                        " keeps the priority it was published with and waits behind the "
+                        "queue's backlog")]
+    if family == "amqp":
+        queues = [queue_of(app, {"task": t.name}) for t in tasks]
+        flat = sorted({str(getattr(q, "name", "?")) for q in queues
+                       if queue_max_priority(app, q) is None})
+        if flat:
+            return [Finding(code, "warning", "delivery",
+                            f"{_RECOVERED} goes to the tail of queue {', '.join(flat)} behind "
+                            "its whole backlog: RabbitMQ orders a queue by priority only when "
+                            "it was declared with x-max-priority. Set task_queue_max_priority"
+                            "=10; RabbitMQ keeps a queue's arguments from its first "
+                            "declaration, so delete an existing queue (or use a new name) to "
+                            "have it declared again")]
+        late = sorted(t.name for t in tasks
+                      if (t.priority or 0) >= (recovery_priority(
+                          app, {"task": t.name}) or 0))
+        if late:
+            return [Finding(code, "warning", "delivery",
+                            f"{', '.join(late)} are published at a priority as high as "
+                            f"recovery's: {_RECOVERED} waits behind them. Publish new work "
+                            "below task_queue_max_priority (or set lease_recovery_priority)")]
+        return []  # ahead of new work: nothing to say
+    if family == "redis":
+        first = redis_list(app, recovery_priority(app, {}))
+        late = sorted(t.name for t in tasks if redis_list(app, t.priority) <= first)
+        if late:
+            return [Finding(code, "warning", "delivery",
+                            f"{_RECOVERED} of {', '.join(late)} waits behind the queue's whole "
+                            f"backlog: kombu's Redis transport pops priority {first} first, "
+                            "and new work without a priority goes there too. Set "
+                            "task_default_priority=5 (a later one of the transport's "
+                            "priority_steps) so that new work waits in a later list; a task "
+                            "published by name (send_task) needs priority=5 too")]
+        return []
+    return [Finding(code, "ok", "delivery",
+                    f"the {family or 'configured'} transport has no message priority: "
+                    f"{_RECOVERED} waits behind the queue's backlog")]
 
 
 def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings], stores: list[str],

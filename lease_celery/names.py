@@ -26,7 +26,7 @@ TASK_ONLY = frozenset({"lease_key", "lease_unique"})
 #: Settings of the workers (sweeper, retention, metrics): read from the app's configuration
 #: only, so on a task they do nothing.
 APP_ONLY = frozenset({"lease_sweep_interval", "lease_sweep_grace", "lease_retention",
-                      "lease_metrics_port", "lease_metrics_addr"})
+                      "lease_metrics_port", "lease_metrics_addr", "lease_recovery_priority"})
 
 #: What each name takes: the fix a finding suggests.
 FIXES: dict[str, str] = {
@@ -49,6 +49,7 @@ FIXES: dict[str, str] = {
     "lease_sweep_grace": "a number of seconds > 0",
     "lease_retention": "a number of seconds >= 0 (7 days is 604800; 0 keeps rows forever)",
     "lease_metrics_port": "a port number",
+    "lease_recovery_priority": "'auto', a message priority from 0 to 255, or False",
     "lease_metrics_addr": "an address to listen on",
 }
 

@@ -17,9 +17,9 @@ from .policy import DEFAULT_PERMANENT_ERRORS, Policy
 from .stores.base import DEFAULT_SWEEP_GRACE
 from .stores.registry import store_class
 
-__all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "LeaseSettings",
-           "metrics_port", "resolve_settings", "retention", "store_url_of", "sweep_grace",
-           "sweep_interval"]
+__all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "MAX_PRIORITY",
+           "LeaseSettings", "metrics_port", "recovery_priority_setting", "resolve_settings",
+           "retention", "store_url_of", "sweep_grace", "sweep_interval"]
 
 #: A SQLite file in the worker's working directory: shared by the worker processes of one host.
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
@@ -199,6 +199,27 @@ def sweep_grace(app: Any) -> float:
         raise ConfigError(f"lease_sweep_grace (setting lease_sweep_grace) must be a number of "
                           f"seconds > 0, got {value!r}")
     return float(value)
+
+
+#: The highest message priority any broker takes (RabbitMQ's x-max-priority bound).
+MAX_PRIORITY = 255
+
+
+def recovery_priority_setting(app: Any) -> int | str | None:
+    """``lease_recovery_priority``: ``"auto"`` (the default: the broker's first priority, see
+    ``lease_celery.execution.recovery``), a priority number as the broker reads it, or False
+    (re-published work keeps the priority it was published with), returned as None."""
+    value = _app_setting(app, "lease_recovery_priority")
+    if value is None or value == "auto":
+        return "auto"
+    if value is False:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():  # read from the environment
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
+        raise ConfigError(f"lease_recovery_priority (setting lease_recovery_priority) must be "
+                          f"'auto', a priority from 0 to {MAX_PRIORITY} or False, got {value!r}")
+    return value
 
 
 def _resolve_policy(app: Any, task: Any) -> Policy:

@@ -226,7 +226,8 @@ class LeasedTask(AttemptEnding):
         except StoreError as exc:
             # The store still cannot answer: keep the delivery rather than fail and ack it.
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
-                        why=deferral_reason(wait, exc), eager_error=exc)
+                        why=deferral_reason(wait, exc), eager_error=exc,
+                        recovery=True)
         except _Completion as completion:
             request.lease = completion.handle
             heartbeat.watch(completion.handle)  # renews the completer's settle deadline
@@ -460,7 +461,7 @@ class LeasedTask(AttemptEnding):
             self._release(handle, reason=f"finish failed in the lease store: {exc}")
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=deferral_reason(wait, exc, failed="finish failed in the lease store"),
-                        eager_error=exc)
+                        eager_error=exc, recovery=True)
         if accepted and settle_within is not None:
             handle._settling = True
         else:

@@ -84,12 +84,13 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,
-               holder: str | None = None) -> NoReturn:
+               holder: str | None = None, recovery: bool = False) -> NoReturn:
         """Re-publish this delivery to run in about ``remaining`` seconds, then ack it.
 
         Used when a live holder has the key (acking a duplicate without re-publishing would
-        lose the work if the holder died later), while the key backs off, and when the store
-        cannot answer.
+        lose the work if the holder died later), while the key backs off, and, as recovered
+        work ahead of new work (``recovery``), when the store cannot answer or the lease lapsed
+        under this delivery.
         """
         request = self.request
         if request.is_eager or request.called_directly:  # nothing to re-publish to
@@ -97,7 +98,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         # Jitter spreads duplicates so they do not all come back in the same instant.
         countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
         countdown += random.uniform(0, settings.ttl / 10)
-        republish_later(self, args, kwargs, countdown)
+        republish_later(self, args, kwargs, countdown, recovery=recovery)
         logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
                                         reason=why)
@@ -144,7 +145,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             # and the work runs again; if not, _release -> _not_current decides.
             if self._release(handle, reason=repr(exc)):
                 self._defer(handle.key, 0.0, settings, self.request.args or (),
-                            self.request.kwargs or {}, eager_error=exc,
+                            self.request.kwargs or {}, eager_error=exc, recovery=True,
                             why=f"lease lost before the store expired it: {exc}")
             return
         if isinstance(exc, SoftTimeLimitExceeded) and not settings.retry_time_limits:
@@ -247,7 +248,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         settings = self.lease_settings
         self._defer(handle.key, 0.0, settings, self.request.args or (),
                     self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
-                    eager_error=LeaseLost(reason))
+                    eager_error=LeaseLost(reason), recovery=True)
 
     def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
         handle._mark_lost(reason)

@@ -16,6 +16,8 @@ from typing import Any
 from celery.exceptions import Reject
 from celery.utils.dispatch import Signal
 
+from .recovery import first_priority, recovery_options
+
 __all__ = ["body_signature", "republish", "republish_later", "task_info"]
 
 logger = logging.getLogger(__name__)
@@ -28,15 +30,40 @@ logger = logging.getLogger(__name__)
 republish_headers = Signal(name="lease_republish_headers")
 
 
-def _republished(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``headers`` option of a re-publish: none (unchanged) with no receiver."""
-    if not republish_headers.receivers:
-        return {}
+def _headers_added(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``republish_headers`` receivers add to a re-publish's headers."""
     added: dict[str, Any] = {}
     for _, answer in republish_headers.send(sender=None, headers=headers):
         if isinstance(answer, Mapping):
             added.update(answer)
-    return {"headers": {**(headers or {}), **added}}
+    return added
+
+
+def _prepared(app: Any, signature: Any, *, recovery: bool) -> Any:
+    """``signature`` (a re-publish of a delivery) with the priority and headers it goes with.
+
+    Recovered work takes the recovery priority (``recovery``); any other re-publish (the
+    deferral of a duplicate) goes back at the priority its work was first published with, so a
+    duplicate of recovered work does not jump the queue too. Headers unchanged with no
+    ``republish_headers`` receiver and no priority to note."""
+    options = signature.options
+    headers = dict(options.get("headers") or {})
+    if recovery:
+        extra = recovery_options(app, signature)
+        if extra:
+            options["priority"] = extra["priority"]
+            headers = extra["headers"]
+    else:
+        recovered, first = first_priority(headers)
+        if recovered and first is None:
+            options.pop("priority", None)  # the task's own default applies again
+        elif recovered:
+            options["priority"] = first
+    if republish_headers.receivers:
+        headers.update(_headers_added(headers))
+    if headers or options.get("headers") is not None:
+        options["headers"] = headers
+    return signature
 
 
 def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]:
@@ -51,8 +78,11 @@ def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]
     return signature
 
 
-def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None:
-    """Publish the current delivery again (same id, arguments, links) to run in ``countdown``.
+def republish_later(task: Any, args: Any, kwargs: Any, countdown: float, *,
+                    recovery: bool = False) -> None:
+    """Publish the current delivery again (same id, arguments, links) to run in ``countdown``:
+    as recovered work (``recovery``: its lease lapsed, its store did not answer), or at the
+    priority its work was first published with (a duplicate of a live key waits its turn).
 
     No "expires" on the copy: it shares the task id with the live (or finished) run, and
     Celery would mark that id REVOKED when an expired copy arrives. When the broker cannot take
@@ -60,21 +90,24 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float) -> None
     """
     request = task.request
     try:
+        copy = task.signature_from_request(request, args, kwargs, countdown=countdown,
+                                           expires=None)
         # lease_unique=False: this delivery must arrive, even though its key has a holder;
         # lease_record=False: its row exists.
-        task.signature_from_request(request, args, kwargs, countdown=countdown, expires=None,
-                                    **_republished(request.headers)
-                                    ).apply_async(lease_unique=False, lease_record=False)
+        _prepared(task.app, copy, recovery=recovery).apply_async(lease_unique=False,
+                                                                 lease_record=False)
     except Exception as exc:
         logger.warning("delivery %s could not be deferred (%r): requeued", request.id, exc)
         raise Reject(exc, requeue=True) from exc
 
 
-def republish(app: Any, info: Mapping[str, Any], **options: Any) -> Any:
-    """Publish the recorded delivery again (same task id, arguments, routing and links)."""
-    recorded = (info.get("options") or {}).get("headers")
-    return app.signature(dict(info)).apply_async(
-        lease_unique=False, lease_record=False, **{**_republished(recorded), **options})
+def republish(app: Any, info: Mapping[str, Any], *, recovery: bool = False,
+              **options: Any) -> Any:
+    """Publish the recorded delivery again (same task id, arguments, routing and links); as
+    recovered work ahead of new work with ``recovery`` (see ``recovery``)."""
+    copy = app.signature({**info, "options": dict(info.get("options") or {})})
+    return _prepared(app, copy, recovery=recovery).apply_async(
+        lease_unique=False, lease_record=False, **options)
 
 
 def body_signature(cls: type) -> Callable[..., Any] | None:

@@ -19,7 +19,13 @@ from ..errors import LeaseError
 from ..names import name_problems
 from ..runtime import history
 from ..runtime.heartbeat import Heartbeat
-from ..settings import metrics_port, retention, sweep_grace, sweep_interval
+from ..settings import (
+    metrics_port,
+    recovery_priority_setting,
+    retention,
+    sweep_grace,
+    sweep_interval,
+)
 from ..stores.registry import open_store
 from .sweeper import SweeperThread, leased_store_urls
 
@@ -69,6 +75,7 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
         retention(app)
         sweep_interval(app)
         metrics_port(app)
+        recovery_priority_setting(app)  # read at every recovery: refused here, not there
     except LeaseError as exc:
         raise SystemExit(f"lease_celery: {exc}") from exc
     for url in leased_store_urls(app):

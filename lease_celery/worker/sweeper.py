@@ -39,6 +39,7 @@ from .. import signals
 from ..apps import leased_tasks
 from ..errors import LeaseError
 from ..execution.delivery import republish
+from ..execution.recovery import queue_of
 from ..models import LeaseRecord, LeaseState
 from ..runtime import green, history
 from ..settings import retention, sweep_grace
@@ -65,15 +66,10 @@ class QueueLengths:
         self._known: dict[str, int | None] = {}
 
     def of(self, info: dict[str, Any]) -> int | None:
-        try:
-            options = dict(info.get("options") or {})
-            route = self.app.amqp.router.route(options, info.get("task"), info.get("args"),
-                                               info.get("kwargs"))
-            name = str(route["queue"].name)
-        except Exception:  # a row whose routing cannot be worked out here: unknown
-            logger.debug("lease sweeper: no queue for task %r", info.get("task"),
-                         exc_info=True)
+        queue = queue_of(self.app, info)
+        if queue is None:  # a row whose routing cannot be worked out here: unknown
             return None
+        name = str(queue.name)
         if name not in self._known:
             self._known[name] = self._count(name)
         return self._known[name]
@@ -140,7 +136,7 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
             report.waiting.append((record, waiting))
             continue
         try:
-            republish(app, record.task, **options)
+            republish(app, record.task, recovery=True, **options)
         except Exception as exc:  # one bad row must not stop the others
             why = f"{type(exc).__name__}: {exc}"
             logger.warning("lease %r: could not re-publish its task (%s); the next sweep tries "

@@ -54,7 +54,8 @@ def end_after_hard_time_limit(task: Any, task_id: str, args: Any, kwargs: Any,
         return ended
     ended = store.release(lease, reason=reason)
     if ended and record.task is not None:
-        republish(task.app, record.task)  # if this fails, the sweeper re-publishes it
+        # As recovered work, ahead of new work; if this fails, the sweeper re-publishes it.
+        republish(task.app, record.task, recovery=True)
     return ended
 
 

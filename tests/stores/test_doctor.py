@@ -37,6 +37,9 @@ def make_app(store_url: str, *, time_limit: float | None = 600, **conf: Any) -> 
         "broker_transport_options": {"visibility_timeout": 3600},
         "task_acks_late": True, "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1, "task_time_limit": time_limit,
+        # Recovered work ahead of new work on either broker: new work at 5 (a later Redis
+        # priority list than recovery's 0), RabbitMQ queues ordered by priority up to 10.
+        "task_default_priority": 5, "task_queue_max_priority": 10,
         "lease_store_url": store_url, "lease_ttl": 30}
     settings.update(conf)
     app.conf.update(settings)
@@ -84,6 +87,17 @@ MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
     ({"lease_sweep_interval": 0}, "lease.sweeper_off", "warning", "sweeper off"),
     ({"broker_url": "amqp://guest@127.0.0.1//", "time_limit": 3600},
      "broker.consumer_timeout", "warning", "consumer_timeout"),
+    ({"task_default_priority": None}, "delivery.recovery_priority", "warning",
+     "kombu's Redis transport pops priority 0 first, and new work without a priority goes "
+     "there too. Set task_default_priority=5"),
+    ({"broker_url": "amqp://guest@127.0.0.1//", "task_queue_max_priority": None},
+     "delivery.recovery_priority", "warning",
+     "goes to the tail of queue celery behind its whole backlog"),
+    ({"broker_url": "amqp://guest@127.0.0.1//", "task_default_priority": 10},
+     "delivery.recovery_priority", "warning", "published at a priority as high as recovery's"),
+    ({"lease_recovery_priority": "first"}, "settings.invalid", "error",
+     "lease_recovery_priority (setting lease_recovery_priority) must be 'auto', a priority "
+     "from 0 to 255 or False, got 'first'"),
 ]
 
 
@@ -103,6 +117,17 @@ def test_each_misconfiguration_is_flagged(
     assert f"{found[code].promise}.ok" not in found
     ranks = [{"error": 0, "warning": 1, "ok": 2}[f.severity] for f in findings]
     assert ranks == sorted(ranks)
+
+
+def test_doctor_notes_recovery_without_a_priority(sqlite_url: str) -> None:
+    """``lease_recovery_priority=False``, or a transport without message priorities: an ``ok``
+    note that recovered work waits behind the backlog (nothing to set), delivery still ok."""
+    for conf in ({"lease_recovery_priority": False, "task_default_priority": None},
+                 {"broker_url": "memory://"}):
+        found = by_code(diagnose(make_app(sqlite_url, **conf)))
+        note = found["delivery.recovery_priority"]
+        assert note.severity == "ok" and "waits behind the queue's backlog" in note.message
+        assert "delivery.ok" in found
 
 
 def test_short_tasks_may_prefetch(sqlite_url: str) -> None:
@@ -204,7 +229,8 @@ def test_doctor_command_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
                      "broker.visibility_timeout.ttl": "warning", "task.acks_late": "warning",
                      "worker.prefetch_multiplier": "warning",
                      "worker.deduplicate_successful_tasks": "warning",
-                     "lease.heartbeat_interval": "warning", "worker.pool": "ok"}
+                     "lease.heartbeat_interval": "warning", "worker.pool": "ok",
+                     "delivery.recovery_priority": "warning"}
 
     python_m = [*PYTHON_M[:3], "-A", "tests.support.doctor_apps.good"]
     assert run_cli(["doctor"], env=env, cwd=tmp_path, program=python_m).returncode == 0

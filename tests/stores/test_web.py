@@ -23,6 +23,7 @@ from lease_celery.web import WebApp, make_app
 from lease_celery.web.serve import is_loopback
 from tests.conftest import fresh_store_url
 from tests.support.policy_helpers import CELERY, cli_env, run_cli
+from tests.support.queues import own_queue, published, publishing_app
 from tests.support.tokens import token_base
 
 TOKEN = "operator-token-0123456789"
@@ -325,29 +326,6 @@ def test_discard_forgets_the_receipt_and_plain_text_results_are_strings(
     assert store.effects.get("mail:1").result == "sent by hand"  # type: ignore[union-attr]
 
 
-class _Published:
-    id = "task-id-7"
-
-
-class _Signature:
-    def __init__(self, sent: list[dict[str, Any]], info: dict[str, Any]) -> None:
-        self.sent, self.info = sent, info
-
-    def apply_async(self, **options: Any) -> _Published:
-        self.sent.append({**self.info, **options})
-        return _Published()
-
-
-class _App:
-    """Stands in for a Celery app: records what ``republish`` would publish."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-
-    def signature(self, info: dict[str, Any]) -> _Signature:
-        return _Signature(self.sent, info)
-
-
 def test_requeue_with_an_app_republishes_the_recorded_task(store: Store,
                                                            web_store_url: str) -> None:
     """Given the Celery app (``leases -A proj web``), requeue re-publishes the task the row
@@ -356,17 +334,17 @@ def test_requeue_with_an_app_republishes_the_recorded_task(store: Store,
                         task={"task": "jobs.run", "args": [9], "kwargs": {},
                               "options": {"task_id": "task-id-7"}})
     assert lease is not None and store.kill(lease, reason="gave up")
-    celery_app = _App()
-    web = WebApp(open_store(web_store_url), token=TOKEN, app=celery_app)
-    try:
-        client = Client(web)
-        csrf = client.get("/key", key="job:9").csrf()
-        reply = client.post("/requeue", "job:9", {"csrf": csrf, "token": TOKEN})
-    finally:
-        web.close()
-    assert reply.status == 200 and "task task-id-7 published" in reply.text
-    assert [(m["task"], m["args"], m["retries"]) for m in celery_app.sent] == [
-        ("jobs.run", [9], 0)]
+    with own_queue() as queue:
+        web = WebApp(open_store(web_store_url), token=TOKEN, app=publishing_app(queue))
+        try:
+            client = Client(web)
+            csrf = client.get("/key", key="job:9").csrf()
+            reply = client.post("/requeue", "job:9", {"csrf": csrf, "token": TOKEN})
+        finally:
+            web.close()
+        assert reply.status == 200 and "task task-id-7 published" in reply.text
+        assert [(m["task"], m["id"], m["args"], m["retries"]) for m in published(queue)] == [
+            ("jobs.run", "task-id-7", [9], 0)]
     record = store.get("job:9")
     assert record is not None and record.state is LeaseState.READY
     (entry,) = [e for e in store.history("job:9") if e.event == "operator:requeue"]

@@ -333,6 +333,9 @@ app.conf.update({name: value for name, value in {
     "lease_metrics_port": _int_env("LEASE_TEST_METRICS_PORT"),
     "worker_soft_shutdown_timeout": _float_env("LEASE_TEST_SOFT_SHUTDOWN"),
     "broker_heartbeat": _float_env("LEASE_TEST_BROKER_HEARTBEAT"),
+    "task_default_priority": _int_env("LEASE_TEST_DEFAULT_PRIORITY"),
+    "task_queue_max_priority": _int_env("LEASE_TEST_QUEUE_MAX_PRIORITY"),
+    "lease_recovery_priority": os.environ.get("LEASE_TEST_RECOVERY_PRIORITY"),  # as text
 }.items() if value is not None})
 
 

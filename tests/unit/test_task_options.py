@@ -129,6 +129,31 @@ def test_worker_refuses_to_start_with_an_invalid_setting(tmp_path: Path) -> None
     assert "lease_ttl (setting lease_ttl) must be a finite number of seconds > 0" in proc.stderr
 
 
+def test_a_worker_refuses_a_recovery_priority_it_cannot_use(tmp_path: Path) -> None:
+    """``lease_recovery_priority`` is read at every recovery: a value it refuses stops the
+    worker at start, naming the setting and what it takes, instead of failing each recovery.
+    Text from the environment that is a number is one."""
+    from lease_celery.settings import recovery_priority_setting
+
+    env = {"LEASE_TEST_STORE": f"sqlite:///{tmp_path / 'leases.sqlite3'}",
+           "LEASE_TEST_BROKER": "memory://", "LEASE_TEST_RECOVERY_PRIORITY": "first",
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.support.worker_app", "worker", "-P", "solo"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert ("lease_recovery_priority (setting lease_recovery_priority) must be 'auto', a "
+            "priority from 0 to 255 or False, got 'first'") in proc.stderr
+    app = Celery("recovery", broker="memory://", set_as_current=False)
+    for value, read in (("7", 7), (None, "auto"), ("auto", "auto"), (False, None), (255, 255)):
+        app.conf.lease_recovery_priority = value
+        assert recovery_priority_setting(app) == read
+    for bad in (256, -1, True, 2.5):
+        app.conf.lease_recovery_priority = bad
+        with pytest.raises(ConfigError, match="lease_recovery_priority"):
+            recovery_priority_setting(app)
+
+
 def test_store_directory_is_checked_by_workers_not_publishers(tmp_path: Path) -> None:
     """A publisher host need not have the workers' SQLite directory: the app finalizes and can
     send tasks. A worker refuses to start with a message naming the setting and directory."""

@@ -514,6 +514,7 @@ def _doctor_app(sqlite_url: str, beat_schedule: dict[str, Any]) -> Celery:
     app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True,
                     worker_prefetch_multiplier=1, task_time_limit=600,
                     broker_transport_options={"visibility_timeout": 3600},
+                    task_default_priority=5,  # recovered work ahead of new work (Redis)
                     lease_store_url=sqlite_url, lease_ttl=30, beat_schedule=beat_schedule)
 
     @app.task(base=LeasedTask, bind=True, shared=False, name="report",

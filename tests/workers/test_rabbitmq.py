@@ -24,8 +24,10 @@ import redis
 from celery import Celery
 
 from lease_celery import LeaseRecord, LeaseState, open_store
+from tests.support.backlog import BACKLOG, stalled_owner_behind_a_backlog
 from tests.support.rabbitmq import private_vhost
 from tests.support.servers import REDIS_URL
+from tests.support.tokens import token_base
 from tests.support.workers import Journal, WorkerPool, worker_pool
 
 pytestmark = pytest.mark.worker
@@ -256,3 +258,18 @@ def test_a_purged_queue_loses_no_task_recorded_at_publish(workers: WorkerPool,
     record = _record(workers, f"job:{kept}")
     assert record is not None and record.state is LeaseState.DONE
     assert _record(workers, f"job:{lost}") is None
+
+
+@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
+                        LEASE_TEST_SWEEP_INTERVAL="0.5", LEASE_TEST_QUEUE_MAX_PRIORITY="10")
+def test_a_stalled_owners_key_runs_again_ahead_of_the_backlog(workers: WorkerPool) -> None:
+    """As on Redis (tests/workers/test_worker_recovery.py): a pool process SIGSTOPped holding a
+    lease, 40 tasks queued behind it at priority 5, in a queue declared with x-max-priority 10
+    (``task_queue_max_priority``, on the publisher too: RabbitMQ refuses a declaration whose
+    arguments differ). The sweeper re-publishes the expired key at priority 10: it runs
+    again before most of the backlog, where it used to wait behind all 40."""
+    workers.client.conf.task_queue_max_priority = 10
+    recovery = stalled_owner_behind_a_backlog(workers)
+    print(recovery)  # the figures (pytest -s)
+    assert recovery.token == token_base(workers.store_url) + 2
+    assert recovery.started_before < BACKLOG // 2, recovery

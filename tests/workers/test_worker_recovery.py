@@ -3,12 +3,20 @@ an unlucky moment (real workers, Redis broker, SQLite store)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from typing import Any
 
 import pytest
+import redis
 
 from lease_celery import LeaseState, open_store
+from lease_celery.execution.delivery import republish
+from lease_celery.execution.recovery import FIRST_PRIORITY_HEADER
+from tests.support.backlog import BACKLOG, stalled_owner_behind_a_backlog
+from tests.support.servers import REDIS_URL
+from tests.support.tokens import token_base
 from tests.support.workers import WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -69,3 +77,72 @@ def test_redelivery_completes_a_run_whose_result_never_reached_the_backend(
     time.sleep(0.5)
     assert not workers.journal.events("body_start", job_id=job)
     assert len(workers.journal.events("callback", tag=job)) == 1
+
+
+@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
+                        LEASE_TEST_SWEEP_INTERVAL="0.5", LEASE_TEST_DEFAULT_PRIORITY="5")
+def test_a_stalled_owners_key_runs_again_ahead_of_the_backlog_on_redis(
+        workers: WorkerPool) -> None:
+    """A pool process is SIGSTOPped holding a lease, and 40 tasks of 0.25 s are queued behind
+    it at priority 5 (``task_default_priority``). The sweeper re-publishes the expired key at
+    priority 0, the list kombu's Redis transport pops first: it runs again (token 2) before
+    most of the backlog. Before recovery had a priority it waited behind all 40."""
+    recovery = stalled_owner_behind_a_backlog(workers)
+    print(recovery)  # the figures (pytest -s)
+    assert recovery.token == token_base(workers.store_url) + 2
+    assert recovery.started_before < BACKLOG // 2, recovery
+
+
+def _published(client: redis.Redis, queue: str) -> list[tuple[str, int | None, Any]]:
+    """(list, priority, lease_priority header) of every message in ``queue``'s priority
+    lists (kombu's Redis transport: the queue's name, then ``<queue>\\x06\\x16<step>``)."""
+    found = []
+    for key in sorted(client.scan_iter(match=f"{queue}*")):
+        for raw in client.lrange(key, 0, -1):
+            message = json.loads(raw)
+            found.append((key.decode().removeprefix(queue).replace("\x06\x16", ""),
+                          message["properties"].get("priority"),
+                          message["headers"].get(FIRST_PRIORITY_HEADER, "absent")))
+        client.delete(key)
+    return found
+
+
+def test_recovered_work_goes_first_and_a_copy_of_it_deferred_goes_back_to_its_list() -> None:
+    """On a real Redis broker: recovered work (``republish(..., recovery=True)``) goes to the
+    first priority list, noting the priority it was published with; a re-publish of that copy
+    that is not recovery (a deferred duplicate, an operator's requeue) goes back to the list of
+    its first priority, and to the task's default when it had none; recovering the copy again
+    keeps the first priority noted. ``lease_recovery_priority=False`` leaves priorities alone,
+    and an explicit number is used as it is."""
+    from celery import Celery
+
+    queue = f"lease-tests-priority-{uuid.uuid4().hex[:8]}"
+    app = Celery("priorities", broker=REDIS_URL, set_as_current=False)
+    app.conf.task_default_queue = queue
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def info(**options: Any) -> dict[str, Any]:
+        return {"task": "tests.elsewhere", "args": [1], "kwargs": {},
+                "options": {"task_id": str(uuid.uuid4()), **options}}
+
+    try:
+        republish(app, info(priority=5), recovery=True)
+        assert _published(client, queue) == [("", 0, 5)]
+        copy = info(priority=0, headers={FIRST_PRIORITY_HEADER: 5})  # as its row records it
+        republish(app, copy)
+        assert _published(client, queue) == [("3", 5, 5)]
+        republish(app, copy, recovery=True)
+        assert _published(client, queue) == [("", 0, 5)]
+        republish(app, info(priority=0, headers={FIRST_PRIORITY_HEADER: ""}))
+        assert _published(client, queue) == [("", 0, "")]  # no priority of its own: 0
+        republish(app, info(priority=7))  # never recovered: as it was
+        assert _published(client, queue) == [("6", 7, "absent")]
+        app.conf.lease_recovery_priority = False
+        republish(app, info(priority=5), recovery=True)
+        assert _published(client, queue) == [("3", 5, "absent")]
+        app.conf.lease_recovery_priority = 2
+        republish(app, info(priority=5), recovery=True)
+        assert _published(client, queue) == [("", 2, 5)]
+    finally:
+        for key in client.scan_iter(match=f"{queue}*"):
+            client.delete(key)

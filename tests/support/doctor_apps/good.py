@@ -15,6 +15,7 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     task_time_limit=600,
+    task_default_priority=5,  # new work in a later Redis priority list than recovered work
     lease_store_url=os.environ["DOCTOR_STORE"],
     lease_ttl=30,
 )
