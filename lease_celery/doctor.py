@@ -39,12 +39,10 @@ from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
 from .worker.sweeper import QUEUE_WAIT_GRACES
+from .worker.visibility import VISIBILITY_DEFAULTS
 
 __all__ = ["Finding", "diagnose", "leased_tasks"]
 
-#: Transports that hide an unacked message and hand it out again after a visibility timeout,
-#: with their default timeout in seconds.
-_VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
 #: RabbitMQ's server default consumer_timeout (30 minutes).
 RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 _AMQP = ("amqp", "amqps", "pyamqp", "librabbitmq")
@@ -210,28 +208,17 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
     found: list[Finding] = []
     scheme = urlsplit(conf.broker_url or "amqp://").scheme.split("+")[0]
     options = conf.broker_transport_options or {}
-    if scheme in _VISIBILITY_DEFAULTS:
-        vt = float(options.get("visibility_timeout", _VISIBILITY_DEFAULTS[scheme]))
-        if longest is None:
-            found.append(Finding(
-                "broker.visibility_timeout.unknown", "warning", "delivery",
-                f"{scheme} hands an unacked message out again after visibility_timeout={vt:g}s"
-                ", even while a worker still runs it; these tasks have no time limit, so "
-                "nothing says they finish sooner. Leases defer the extra copies, but set "
-                "task_time_limit (or time_limit on the tasks) below the visibility timeout"))
-        elif vt < longest:
-            found.append(Finding(
-                "broker.visibility_timeout", "warning", "delivery",
-                f"visibility_timeout={vt:g}s is shorter than the longest task "
-                f"({longest:g}s): {scheme} delivers it again while it runs. The lease defers "
-                "each copy, at the cost of a re-publish; raise the visibility timeout"))
-        if ttl is not None and vt < ttl:
-            found.append(Finding(
-                "broker.visibility_timeout.ttl", "warning", "delivery",
-                f"visibility_timeout={vt:g}s is shorter than lease_ttl={ttl:g}s: redelivery "
-                "comes before a dead owner's lease can even expire"))
+    if scheme in VISIBILITY_DEFAULTS:
+        vt = float(options.get("visibility_timeout", VISIBILITY_DEFAULTS[scheme]))
+        found += _visibility(scheme, vt, tasks, longest, ttl)
     elif scheme in _AMQP:
         found += _consumer_timeout(app, tasks)
+    if scheme not in VISIBILITY_DEFAULTS and any(_extends_visibility(t) for t in tasks):
+        found.append(Finding(
+            "broker.visibility_extended", "warning", "delivery",
+            f"lease_extend_visibility is on, but {scheme} has no visibility timeout to "
+            "extend: it does nothing (only SQS and Redis hand a running task's message out "
+            "again on a timer)"))
     acks_late = [t.name for t in tasks if not t.acks_late]
     if acks_late:
         found.append(Finding(
@@ -249,7 +236,7 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
             "succeed: one task id would report both. Set task_reject_on_worker_lost=True"))
     multiplier = int(conf.worker_prefetch_multiplier or 0)
     if multiplier > 1 and (longest is None or longest > LONG_TASK):
-        towards = ("the visibility timeout" if scheme in _VISIBILITY_DEFAULTS
+        towards = ("the visibility timeout" if scheme in VISIBILITY_DEFAULTS
                    else "RabbitMQ's consumer_timeout" if scheme in _AMQP else None)
         found.append(Finding(
             "worker.prefetch_multiplier", "warning", "delivery",
@@ -285,6 +272,47 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
 #: What recovered work is, in a finding.
 _RECOVERED = ("re-published work (the task of an owner that died or stalled, a message the "
               "broker lost, a lease that lapsed under its delivery)")
+
+
+def _visibility(scheme: str, vt: float, tasks: list[Any], longest: float | None,
+                ttl: float | None) -> list[Finding]:
+    """A broker that hands an unacked message out again after ``vt`` seconds (Redis, SQS)."""
+    found: list[Finding] = []
+    if tasks and all(_extends_visibility(t) for t in tasks):
+        found.append(Finding(
+            "broker.visibility_extended", "ok", "delivery",
+            f"lease_extend_visibility: while a task's lease is renewed its worker extends its "
+            f"message's visibility every {max(vt / 4, 0.2):g}s (a quarter of visibility_timeout"
+            f"={vt:g}s), so {scheme} does not hand it out again while it runs; when the owner "
+            "dies or stalls the extensions stop and the message comes back after the timeout"))
+    elif longest is None:
+        found.append(Finding(
+            "broker.visibility_timeout.unknown", "warning", "delivery",
+            f"{scheme} hands an unacked message out again after visibility_timeout={vt:g}s"
+            ", even while a worker still runs it; these tasks have no time limit, so "
+            "nothing says they finish sooner. Leases defer the extra copies, but set "
+            "task_time_limit (or time_limit on the tasks) below the visibility timeout, or "
+            "lease_extend_visibility=True"))
+    elif vt < longest:
+        found.append(Finding(
+            "broker.visibility_timeout", "warning", "delivery",
+            f"visibility_timeout={vt:g}s is shorter than the longest task "
+            f"({longest:g}s): {scheme} delivers it again while it runs. The lease defers "
+            "each copy, at the cost of a re-publish; raise the visibility timeout, or set "
+            "lease_extend_visibility=True"))
+    if ttl is not None and vt < ttl:
+        found.append(Finding(
+            "broker.visibility_timeout.ttl", "warning", "delivery",
+            f"visibility_timeout={vt:g}s is shorter than lease_ttl={ttl:g}s: redelivery "
+            "comes before a dead owner's lease can even expire"))
+    return found
+
+
+def _extends_visibility(task: Any) -> bool:
+    try:
+        return bool(task.lease_settings.extend_visibility)
+    except LeaseError:  # a settings.invalid finding already
+        return False
 
 
 def _recovery_priority(app: Any, tasks: list[Any]) -> list[Finding]:

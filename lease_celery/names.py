@@ -20,7 +20,8 @@ __all__ = ["APP_ONLY", "FIXES", "TASK_ONLY", "TASK_OR_APP", "NameProblem", "name
 TASK_OR_APP = frozenset({
     "lease_store_url", "lease_ttl", "lease_heartbeat_interval", "lease_max_attempts",
     "lease_max_takeovers", "lease_backoff_base", "lease_backoff_max",
-    "lease_retry_time_limits", "lease_finish_in_background", "lease_record_at_publish"})
+    "lease_retry_time_limits", "lease_finish_in_background", "lease_record_at_publish",
+    "lease_extend_visibility"})
 #: Options only a task has: they describe one task's messages.
 TASK_ONLY = frozenset({"lease_key", "lease_unique"})
 #: Settings of the workers (sweeper, retention, metrics): read from the app's configuration
@@ -42,6 +43,7 @@ FIXES: dict[str, str] = {
     "lease_retry_time_limits": "True or False",
     "lease_finish_in_background": "True, False or 'auto'",
     "lease_record_at_publish": "True or False",
+    "lease_extend_visibility": "True or False",
     "lease_key": "a format string whose fields are parameters of the task "
                  "('report:{report_id}'), a callable taking the task's arguments, or None",
     "lease_unique": "True or False",

@@ -54,6 +54,9 @@ class LeaseSettings:
     #: Write the key's row (``ready``, with the message) before publishing
     #: (``lease_celery.execution.published``).
     record_at_publish: bool = False
+    #: While the lease is renewed, keep the task's message invisible to other consumers
+    #: (SQS, kombu's Redis transport: ``lease_celery.worker.visibility``).
+    extend_visibility: bool = False
 
     def finishes_in_background(self, body_seconds: float) -> bool:
         """Whether a finish nothing waits for goes behind the return, after a body that ran
@@ -106,8 +109,13 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
     if record_value is not None and not isinstance(record_value, bool):
         raise ConfigError(f"lease_record_at_publish ({record_source}) must be True or False, "
                           f"got {record_value!r}")
+    extend_value, extend_source = _lookup(app, task, "lease_extend_visibility")
+    if extend_value is not None and not isinstance(extend_value, bool):
+        raise ConfigError(f"lease_extend_visibility ({extend_source}) must be True or False, "
+                          f"got {extend_value!r}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
                          record_at_publish=bool(record_value),
+                         extend_visibility=bool(extend_value),
                          policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),
                          finish_in_background=(
                              "auto" if background_value is None else background_value))

@@ -92,6 +92,10 @@ class LeasedTask(AttemptEnding):
         ``True``: ``apply_async`` writes the key's row (``ready``, with the message) before
         publishing, so the sweeper re-publishes a message the broker loses (also the setting,
         and per call: ``apply_async(..., lease_record=True)``).
+    ``lease_extend_visibility``
+        ``True``: on SQS and kombu's Redis transport the worker keeps the message invisible
+        to other consumers while its lease is renewed (also the setting; see
+        ``lease_celery.worker.visibility``).
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.runtime.handle.LeaseHandle`
     (``token``, ``owner``, ``check()``).
@@ -105,6 +109,7 @@ class LeasedTask(AttemptEnding):
     lease_finish_in_background: ClassVar[bool | str | None] = None
     lease_unique: ClassVar[bool] = False
     lease_record_at_publish: ClassVar[bool | None] = None
+    lease_extend_visibility: ClassVar[bool | None] = None
     #: Marks leased tasks for the modules under the gate (``lease_celery.apps.is_leased``).
     __lease_celery_task__: ClassVar[bool] = True
 

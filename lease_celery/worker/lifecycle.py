@@ -28,6 +28,7 @@ from ..settings import (
 )
 from ..stores.registry import open_store
 from .sweeper import SweeperThread, leased_store_urls
+from .visibility import VisibilityExtender, extending_tasks, visibility_timeout
 
 __all__ = ["release_held_leases"]
 
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_RELEASE_TIMEOUT = 2.0
 
 _sweepers: dict[int, SweeperThread] = {}
+_extenders: dict[int, VisibilityExtender] = {}
 
 
 def release_held_leases(reason: str) -> int:
@@ -114,6 +116,7 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
 
         serve(port, app.conf.get("lease_metrics_addr") or "127.0.0.1")
         logger.info("lease metrics served on port %s", port)
+    _start_extender(app)
     if interval <= 0:
         return
     sweeper = SweeperThread(app, interval)
@@ -122,11 +125,31 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     logger.info("lease sweeper started: every %.1fs", interval)
 
 
+def _start_extender(app: Any) -> None:
+    """``lease_extend_visibility``: the thread that keeps running messages invisible."""
+    names = extending_tasks(app)
+    timeout = visibility_timeout(app)
+    if not names:
+        return
+    if timeout is None:
+        logger.warning("lease_extend_visibility is on for %s, but the broker has no "
+                       "visibility timeout to extend: it does nothing", ", ".join(sorted(names)))
+        return
+    extender = VisibilityExtender(app, timeout, names)
+    _extenders[id(app)] = extender
+    extender.start()
+    logger.info("lease visibility extension started: every %.1fs, for %s", extender.tick,
+                ", ".join(sorted(names)))
+
+
 def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     sweeper = _sweepers.pop(id(app), None) if app is not None else None
     if sweeper is not None:
         sweeper.stop()
+    extender = _extenders.pop(id(app), None) if app is not None else None
+    if extender is not None:
+        extender.stop()
     # The solo, thread and green pools run tasks in this process.
     release_held_leases("worker shutdown")
     heartbeat = Heartbeat.current()

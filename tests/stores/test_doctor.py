@@ -95,6 +95,8 @@ MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
      "goes to the tail of queue celery behind its whole backlog"),
     ({"broker_url": "amqp://guest@127.0.0.1//", "task_default_priority": 10},
      "delivery.recovery_priority", "warning", "published at a priority as high as recovery's"),
+    ({"broker_url": "amqp://guest@127.0.0.1//", "lease_extend_visibility": True},
+     "broker.visibility_extended", "warning", "amqp has no visibility timeout to extend"),
     ({"lease_recovery_priority": "first"}, "settings.invalid", "error",
      "lease_recovery_priority (setting lease_recovery_priority) must be 'auto', a priority "
      "from 0 to 255 or False, got 'first'"),
@@ -128,6 +130,22 @@ def test_doctor_notes_recovery_without_a_priority(sqlite_url: str) -> None:
         note = found["delivery.recovery_priority"]
         assert note.severity == "ok" and "waits behind the queue's backlog" in note.message
         assert "delivery.ok" in found
+
+
+def test_extended_visibility_may_be_shorter_than_a_task(sqlite_url: str) -> None:
+    """With ``lease_extend_visibility`` a visibility timeout shorter than the longest task is
+    the point (the worker extends it while the lease lives): an ``ok`` note saying how often,
+    and delivery stays ok; shorter than the ttl is still flagged."""
+    for broker in ("redis://127.0.0.1:6379/11",):
+        found = by_code(diagnose(make_app(
+            sqlite_url, broker_url=broker, lease_extend_visibility=True,
+            broker_transport_options={"visibility_timeout": 60})))
+        note = found["broker.visibility_extended"]
+        assert note.severity == "ok" and "every 15s" in note.message
+        assert "broker.visibility_timeout" not in found and "delivery.ok" in found
+    short = by_code(diagnose(make_app(sqlite_url, lease_extend_visibility=True,
+                                      broker_transport_options={"visibility_timeout": 20})))
+    assert short["broker.visibility_timeout.ttl"].severity == "warning"
 
 
 def test_short_tasks_may_prefetch(sqlite_url: str) -> None:

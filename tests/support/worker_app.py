@@ -336,6 +336,7 @@ app.conf.update({name: value for name, value in {
     "task_default_priority": _int_env("LEASE_TEST_DEFAULT_PRIORITY"),
     "task_queue_max_priority": _int_env("LEASE_TEST_QUEUE_MAX_PRIORITY"),
     "lease_recovery_priority": os.environ.get("LEASE_TEST_RECOVERY_PRIORITY"),  # as text
+    "lease_extend_visibility": os.environ.get("LEASE_TEST_EXTEND_VISIBILITY") == "1" or None,
 }.items() if value is not None})
 
 

@@ -151,6 +151,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                          "execution.delivery", "execution.outage", "execution.published",
                          "execution.recovery"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
+                         "worker.visibility",
                          "beat", "wiring", "metrics"}),
     ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "web", "web.app",
                "web.pages", "web.html", "web.timeline", "web.serve"}),

@@ -280,3 +280,24 @@ def test_stale_worker_business_write_is_rolled_back(workers: WorkerPool) -> None
                              timeout=15, what="the stale owner's fenced write to be refused")
     assert result.get(timeout=10) == {"job_id": job, "token": 2}
     assert _business_rows(workers.store_url, job) == [2]
+
+
+@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
+                        LEASE_TEST_VISIBILITY="2", LEASE_TEST_EXTEND_VISIBILITY="1")
+def test_extended_visibility_keeps_a_running_task_from_coming_back_on_redis(
+        workers: WorkerPool) -> None:
+    """A 5 s body under a 2 s visibility timeout on the Redis broker, two workers, with
+    ``lease_extend_visibility``: the worker moves the message's score in kombu's unacked index
+    while the lease is renewed, so kombu never hands it to the other worker: received once,
+    no deferral, one run. (Without it the message comes back every 2 s: at least once more in
+    each run when this test was written, as it does on SQS in tests/workers/test_sqs.py.)"""
+    workers.start("a", concurrency=1)
+    workers.start("b", concurrency=1)
+    job, task_id = _job(), str(uuid.uuid4())
+    result = workers.client.send_task(WORK, args=(job, 5.0), task_id=task_id)
+    assert result.get(timeout=40)["token"] == 1
+    time.sleep(2.5)
+    received = workers.journal.events("task_received", task_id=task_id)
+    assert len(received) == 1, received
+    assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
+    assert len(workers.journal.events("body_start", job_id=job)) == 1
