@@ -274,6 +274,10 @@ _RECOVERED = ("re-published work (the task of an owner that died or stalled, a m
               "broker lost, a lease that lapsed under its delivery)")
 
 
+#: SQS's ceiling on a message's visibility: 12 hours from its receipt, whatever is set.
+SQS_MAX_VISIBILITY = 43200.0
+
+
 def _visibility(scheme: str, vt: float, tasks: list[Any], longest: float | None,
                 ttl: float | None) -> list[Finding]:
     """A broker that hands an unacked message out again after ``vt`` seconds (Redis, SQS)."""
@@ -305,6 +309,8 @@ def _visibility(scheme: str, vt: float, tasks: list[Any], longest: float | None,
             "broker.visibility_timeout.ttl", "warning", "delivery",
             f"visibility_timeout={vt:g}s is shorter than lease_ttl={ttl:g}s: redelivery "
             "comes before a dead owner's lease can even expire"))
+    if scheme == "sqs":
+        found += _sqs_ceiling(vt, longest)
     return found
 
 
@@ -313,6 +319,23 @@ def _extends_visibility(task: Any) -> bool:
         return bool(task.lease_settings.extend_visibility)
     except LeaseError:  # a settings.invalid finding already
         return False
+
+
+def _sqs_ceiling(vt: float, longest: float | None) -> list[Finding]:
+    """SQS caps visibility at 12 h: a longer timeout is refused, a longer task redelivered."""
+    if vt > SQS_MAX_VISIBILITY:
+        return [Finding(
+            "broker.visibility_timeout.sqs_ceiling", "error", "delivery",
+            f"visibility_timeout={vt:g}s is above SQS's ceiling of 12 h ({SQS_MAX_VISIBILITY:g}"
+            "s): SQS refuses to create the queue with it. Set it to 43200 at most")]
+    if longest is not None and longest > SQS_MAX_VISIBILITY:
+        return [Finding(
+            "broker.visibility_timeout.sqs_ceiling", "warning", "delivery",
+            f"the longest task ({longest:g}s) outlasts SQS's ceiling on visibility (12 h, "
+            "counted from the message's receipt): SQS hands it to another worker while it "
+            "runs, whatever visibility_timeout says. The lease defers each copy; split the "
+            "work, or keep it under 12 h")]
+    return []
 
 
 def _recovery_priority(app: Any, tasks: list[Any]) -> list[Finding]:

@@ -96,20 +96,26 @@ class ChaosConfig:
     def celery_conf(self) -> dict[str, Any]:
         """Broker and result backend settings both sides use."""
         redis_broker = self.broker_url.startswith("redis")
-        return {
-            "broker_url": self.broker_url,
-            "result_backend": self.backend_url,
-            "task_default_queue": self.queue,
-            # One prefix for every Redis key of the run (broker and results): cleanup deletes
-            # exactly these, and runs (or the test suite's databases) never see each other's.
-            "broker_transport_options": {
+        if self.broker_url.startswith("sqs"):
+            from ..sqs_server import transport_options
+
+            options = transport_options(self.visibility_timeout)
+        else:
+            options = {
                 "global_keyprefix": self.keyprefix,
                 # Long by default, as in production: recovery must come from the lease rows
                 # (the sweeper), not from the broker handing unacked messages out again.
                 "visibility_timeout": self.visibility_timeout,
                 "unacked_restore_interval": 1,
                 "unacked_restore_throttle": 1,
-            } if redis_broker else {},
+            } if redis_broker else {}
+        return {
+            "broker_url": self.broker_url,
+            "result_backend": self.backend_url,
+            "task_default_queue": self.queue,
+            # One prefix for every Redis key of the run (broker and results): cleanup deletes
+            # exactly these, and runs (or the test suite's databases) never see each other's.
+            "broker_transport_options": options,
             "result_backend_transport_options": {"global_keyprefix": self.keyprefix},
             "result_expires": 3600,
             "task_serializer": "json",

@@ -172,7 +172,10 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         raise HarnessError(f"unknown broker {options.broker!r}; one of {', '.join(BROKERS)}")
     run_id = uuid.uuid4().hex[:8]
     keyprefix = f"chaos_{run_id}:"
-    broker = BrokerSandbox(options.broker, keyprefix, f"chaos-{run_id}")
+    try:
+        broker = BrokerSandbox.of(options.broker, keyprefix, f"chaos-{run_id}")
+    except RuntimeError as exc:
+        raise HarnessError(str(exc)) from exc
     _check_servers(options.store, broker)
     seed = options.seed if options.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
@@ -273,7 +276,8 @@ def parse_args(argv: list[str] | None) -> RunOptions:
         description="Run real workers under faults, then check the history they left.")
     parser.add_argument("--store", required=True, choices=STORES)
     parser.add_argument("--broker", choices=BROKERS, default="redis",
-                        help="Redis (database 15) or the machine's RabbitMQ")
+                        help="Redis (database 15), the machine's RabbitMQ, or SQS (a moto "
+                             "server: LEASE_TEST_SQS_PORT, or one started for the run)")
     parser.add_argument("--tasks", type=int, default=1000, help="jobs to publish (CI: 200)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="publishing and fault window (default: max(10, tasks/15))")

@@ -95,6 +95,17 @@ MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
      "goes to the tail of queue celery behind its whole backlog"),
     ({"broker_url": "amqp://guest@127.0.0.1//", "task_default_priority": 10},
      "delivery.recovery_priority", "warning", "published at a priority as high as recovery's"),
+    ({"broker_url": "sqs://", "broker_transport_options": {"visibility_timeout": 300}},
+     "broker.visibility_timeout", "warning",
+     "shorter than the longest task (600s): sqs delivers it again while it runs"),
+    ({"broker_url": "sqs://", "broker_transport_options": {"visibility_timeout": 50000}},
+     "broker.visibility_timeout.sqs_ceiling", "error",
+     "above SQS's ceiling of 12 h (43200s): SQS refuses to create the queue with it"),
+    ({"broker_url": "sqs://", "broker_transport_options": {"visibility_timeout": 43200},
+      "time_limit": 50000}, "broker.visibility_timeout.sqs_ceiling", "warning",
+     "the longest task (50000s) outlasts SQS's ceiling on visibility (12 h"),
+    ({"broker_url": "sqs://", "task_reject_on_worker_lost": False},
+     "task.reject_on_worker_lost", "error", "task_reject_on_worker_lost is off"),
     ({"broker_url": "amqp://guest@127.0.0.1//", "lease_extend_visibility": True},
      "broker.visibility_extended", "warning", "amqp has no visibility timeout to extend"),
     ({"lease_recovery_priority": "first"}, "settings.invalid", "error",
@@ -135,8 +146,8 @@ def test_doctor_notes_recovery_without_a_priority(sqlite_url: str) -> None:
 def test_extended_visibility_may_be_shorter_than_a_task(sqlite_url: str) -> None:
     """With ``lease_extend_visibility`` a visibility timeout shorter than the longest task is
     the point (the worker extends it while the lease lives): an ``ok`` note saying how often,
-    and delivery stays ok; shorter than the ttl is still flagged."""
-    for broker in ("redis://127.0.0.1:6379/11",):
+    on Redis and SQS, and delivery stays ok; shorter than the ttl is still flagged."""
+    for broker in ("redis://127.0.0.1:6379/11", "sqs://"):
         found = by_code(diagnose(make_app(
             sqlite_url, broker_url=broker, lease_extend_visibility=True,
             broker_transport_options={"visibility_timeout": 60})))

@@ -452,6 +452,11 @@ def _journal_task_received(sender: Any = None, request: Any = None, **_: Any) ->
 
 if os.environ.get("LEASE_TEST_RESULT_BACKEND"):
     app.conf.result_backend = os.environ["LEASE_TEST_RESULT_BACKEND"]
+if BROKER.startswith("sqs://"):  # moto's SQS server (tests/support/sqs.py)
+    from tests.support.sqs import transport_options
+
+    app.conf.broker_transport_options = transport_options(
+        float(os.environ.get("LEASE_TEST_VISIBILITY", "3600")))
 
 
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", soft_time_limit=1,

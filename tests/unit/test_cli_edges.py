@@ -174,7 +174,9 @@ def test_sweep_counts_a_failed_publish_as_a_failure(sqlite_url: str, tmp_path: P
         "from lease_celery import LeasedTask\n"
         "app = Celery('closed', broker='redis://127.0.0.1:1/0', set_as_current=False)\n"
         f"app.conf.update(lease_store_url={sqlite_url!r}, broker_connection_timeout=1,\n"
-        "                task_publish_retry=False)\n"
+        "                task_publish_retry=False,\n"
+        # kombu's own connect retries (2 s) are not what is tested: off.
+        "                broker_transport_options={'max_retries': 0})\n"
         "@app.task(base=LeasedTask, bind=True, lease_key='job:{name}')\n"
         "def work(self, name):\n"
         "    return name\n")
@@ -225,7 +227,9 @@ def test_requeue_whose_publish_fails_is_one_line(sqlite_url: str, tmp_path: Path
     env = _app_module(tmp_path, "requeue_closed", (
         "app = Celery('rq', broker='redis://127.0.0.1:1/0', set_as_current=False)\n"
         f"app.conf.update(lease_store_url={sqlite_url!r}, broker_connection_timeout=1,\n"
-        "                task_publish_retry=False)\n"))
+        "                task_publish_retry=False,\n"
+        # kombu's own connect retries (2 s) are not what is tested: off.
+        "                broker_transport_options={'max_retries': 0})\n"))
     task = {"task": "requeue_closed.work", "args": [], "kwargs": {},
             "options": {"task_id": "rq-1"}}
     with open_store(sqlite_url) as store:
