@@ -17,8 +17,12 @@ extensions stop: the message comes back after one more timeout, as without this.
 stays the lease's, judged by the store; only the timing of redelivery follows it.
 
 It runs in the main process because the message is there: a prefork pool process gets the
-task's arguments and headers, not the broker's receipt handle or delivery tag. SQS caps a
-message's visibility at 12 hours from its receipt: past that it is delivered again anyway.
+task's arguments and headers, not the broker's receipt handle or delivery tag. It is a plain
+thread with stores of its own, so under gevent or eventlet it is a greenlet on the hub, as the
+broker channel whose sockets it uses must be; a body that never yields then delays the
+extensions, and a copy that comes back meanwhile is deferred by the lease as without them.
+SQS caps a message's visibility at 12 hours from its receipt: past that it is delivered again
+anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from ..apps import leased_tasks
 from ..errors import LeaseError
 from ..keys import message_key
 from ..models import LeaseState
-from ..stores.registry import shared_store
+from ..stores.base import Store
+from ..stores.registry import open_store
 
 __all__ = ["VISIBILITY_DEFAULTS", "VisibilityExtender", "extending_tasks", "visibility_timeout"]
 
@@ -69,17 +74,22 @@ class VisibilityExtender(threading.Thread):
         self.tick = max(MIN_TICK, timeout / 4)
         self.extended = 0  # messages extended, all ticks (for logs and tests)
         self._halt = threading.Event()
+        self._stores: dict[str, Store] = {}
 
     def stop(self) -> None:
         self._halt.set()
         self.join(5)
 
     def run(self) -> None:
-        while not self._halt.wait(self.tick):
-            try:
-                self.extend_once()
-            except Exception:  # one bad tick must not end the thread
-                logger.warning("lease visibility: a tick failed", exc_info=True)
+        try:
+            while not self._halt.wait(self.tick):
+                try:
+                    self.extend_once()
+                except Exception:  # one bad tick must not end the thread
+                    logger.warning("lease visibility: a tick failed", exc_info=True)
+        finally:
+            for store in self._stores.values():
+                store.close()
 
     def extend_once(self) -> int:
         """Extend the message of every running request whose lease is alive; how many."""
@@ -101,7 +111,8 @@ class VisibilityExtender(threading.Thread):
         """Whether the request's lease is held and renewed, as the store says."""
         task = self.app.tasks[request.name]
         key = message_key(task, request.args, request.kwargs, request.id)
-        store = shared_store(task.lease_settings.store_url)
+        url = task.lease_settings.store_url
+        store = self._stores.get(url) or self._stores.setdefault(url, open_store(url))
         try:
             record = store.get(key)
         except LeaseError:
