@@ -78,6 +78,12 @@ def work(self: LeasedTask, job_id: str, seconds: float = 0.0,
     return _checked_run(self, job_id, seconds, check_every)
 
 
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", lease_extend_visibility=True)
+def work_extended(self: LeasedTask, job_id: str, seconds: float = 0.0) -> dict[str, Any]:
+    """``work`` with ``lease_extend_visibility`` on this task alone."""
+    return _checked_run(self, job_id, seconds)
+
+
 def _checked_run(task: LeasedTask, job_id: str, seconds: float,
                  check_every: float = 0.1) -> dict[str, Any]:
     """The body of ``work``: journal the start, check the lease every ``check_every`` s for

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,3 +126,33 @@ def client_app(broker_url: str, queue: str) -> Any:
     app = Celery("lease-tests-client", broker=broker_url, backend=broker_url)
     app.conf.task_default_queue = queue
     return app
+
+
+def broker_env(request: Any, *, broker_url: str, result_backend: str, journal_redis: str,
+               worker_store: str) -> dict[str, str]:
+    """The environment of workers on a broker other than the tests' Redis (RabbitMQ, SQS):
+    a queue and a journal of the test's own, the journal on Redis; a test's ``worker_env``
+    marker overrides it."""
+    run = uuid.uuid4().hex[:8]
+    env = {"LEASE_TEST_BROKER": broker_url, "LEASE_TEST_RESULT_BACKEND": result_backend,
+           "LEASE_TEST_JOURNAL_REDIS": journal_redis, "LEASE_TEST_QUEUE": f"lease-tests-{run}",
+           "LEASE_TEST_JOURNAL": f"journal-{run}", "LEASE_TEST_STORE": worker_store}
+    marker = request.node.get_closest_marker("worker_env")
+    if marker is not None:
+        env.update(marker.kwargs)
+    return env
+
+
+@contextmanager
+def client_pool(request: Any, tmp: Path, env: dict[str, str], journal: Journal, client: Any,
+                worker_store: str) -> Iterator[WorkerPool]:
+    """A worker pool publishing through ``client`` (closed after); a failed test prints the
+    workers' logs."""
+    try:
+        with worker_pool(tmp, env, journal) as pool:
+            pool.client, pool.store_url = client, worker_store
+            yield pool
+            if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+                print(pool.logs())
+    finally:
+        client.close()

@@ -28,7 +28,7 @@ from tests.support.backlog import BACKLOG, stalled_owner_behind_a_backlog
 from tests.support.rabbitmq import private_vhost
 from tests.support.servers import REDIS_URL
 from tests.support.tokens import token_base
-from tests.support.workers import Journal, WorkerPool, worker_pool
+from tests.support.workers import Journal, WorkerPool, broker_env, client_pool
 
 pytestmark = pytest.mark.worker
 
@@ -49,25 +49,14 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, redis_client: redis.
             broker_url: str, worker_store: str) -> Iterator[WorkerPool]:
     """Real celery workers on RabbitMQ (a queue of this test's own, ``rpc://`` results), a
     SQLite store and a journal of this test's own. ``worker_env`` overrides settings."""
-    run = uuid.uuid4().hex[:8]
-    env = {"LEASE_TEST_BROKER": broker_url, "LEASE_TEST_RESULT_BACKEND": "rpc://",
-           "LEASE_TEST_JOURNAL_REDIS": REDIS_URL, "LEASE_TEST_QUEUE": f"lease-tests-{run}",
-           "LEASE_TEST_JOURNAL": f"journal-{run}", "LEASE_TEST_STORE": worker_store}
-    marker = request.node.get_closest_marker("worker_env")
-    if marker is not None:
-        env.update(marker.kwargs)
+    env = broker_env(request, broker_url=broker_url, result_backend="rpc://",
+                     journal_redis=REDIS_URL, worker_store=worker_store)
     journal = Journal(redis_client, env["LEASE_TEST_JOURNAL"])
     client = Celery("lease-tests-rabbitmq", broker=broker_url, backend="rpc://",
                     set_as_current=False)
     client.conf.task_default_queue = env["LEASE_TEST_QUEUE"]
-    try:
-        with worker_pool(tmp_path, env, journal) as pool:
-            pool.client, pool.store_url = client, worker_store
-            yield pool
-            if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-                print(pool.logs())
-    finally:
-        client.close()
+    with client_pool(request, tmp_path, env, journal, client, worker_store) as pool:
+        yield pool
 
 
 def _record(workers: WorkerPool, key: str) -> LeaseRecord | None:

@@ -24,11 +24,12 @@ from lease_celery import LeaseState, open_store
 from tests.support.servers import REDIS_URL, missing
 from tests.support.sqs import broker_url, sqs_client, sqs_port, transport_options
 from tests.support.tokens import token_base
-from tests.support.workers import Journal, WorkerPool, worker_pool
+from tests.support.workers import Journal, WorkerPool, broker_env, client_pool
 
 pytestmark = pytest.mark.worker
 
 WORK = "tests.support.worker_app.work"
+EXTENDED = "tests.support.worker_app.work_extended"
 QUICK = "tests.support.worker_app.settle_quick"
 CALLBACK = "tests.support.worker_app.callback"
 
@@ -46,13 +47,8 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, redis_client: redis.
             sqs: int, worker_store: str) -> Iterator[WorkerPool]:
     """Real celery workers on an SQS queue of this test's own (deleted after), Redis results,
     a SQLite store and a journal of this test's own. ``worker_env`` overrides settings."""
-    run = uuid.uuid4().hex[:8]
-    env = {"LEASE_TEST_BROKER": broker_url(sqs), "LEASE_TEST_RESULT_BACKEND": REDIS_URL,
-           "LEASE_TEST_JOURNAL_REDIS": REDIS_URL, "LEASE_TEST_QUEUE": f"lease-tests-{run}",
-           "LEASE_TEST_JOURNAL": f"journal-{run}", "LEASE_TEST_STORE": worker_store}
-    marker = request.node.get_closest_marker("worker_env")
-    if marker is not None:
-        env.update(marker.kwargs)
+    env = broker_env(request, broker_url=broker_url(sqs), result_backend=REDIS_URL,
+                     journal_redis=REDIS_URL, worker_store=worker_store)
     journal = Journal(redis_client, env["LEASE_TEST_JOURNAL"])
     client = Celery("lease-tests-sqs", broker=env["LEASE_TEST_BROKER"], backend=REDIS_URL,
                     set_as_current=False)
@@ -60,14 +56,9 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, redis_client: redis.
     client.conf.broker_transport_options = transport_options(
         float(env.get("LEASE_TEST_VISIBILITY", "3600")))
     try:
-        with worker_pool(tmp_path, env, journal) as pool:
-            pool.client = client
-            pool.store_url = worker_store
+        with client_pool(request, tmp_path, env, journal, client, worker_store) as pool:
             yield pool
-            if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-                print(pool.logs())
     finally:
-        client.close()
         server = sqs_client(sqs)
         for url in server.list_queues(QueueNamePrefix=env["LEASE_TEST_QUEUE"]).get(
                 "QueueUrls", []):
@@ -88,37 +79,57 @@ def _queue_empty(workers: WorkerPool, port: int) -> bool:
         "ApproximateNumberOfMessagesDelayed"))
 
 
+def _started_on_one_of_two(workers: WorkerPool,
+                           seconds: float) -> tuple[str, str, Any, dict[str, Any]]:
+    """Two workers ``-c 1``, one task of ``seconds`` published: (job, task id, its
+    AsyncResult, the journal's body_start of its first run) once that run started."""
+    workers.start("a", concurrency=1)
+    workers.start("b", concurrency=1)
+    job, task_id = _job(), str(uuid.uuid4())
+    result = workers.client.send_task(WORK, args=(job, seconds), task_id=task_id)
+    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
+                             what="the first run to start")
+    return job, task_id, result, workers.journal.events("body_start", job_id=job)[0]
+
+
 def _received(workers: WorkerPool, task_id: str) -> list[dict[str, Any]]:
     return workers.journal.events("task_received", task_id=task_id)
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
                         LEASE_TEST_VISIBILITY="2")
-def test_a_body_past_the_visibility_timeout_runs_once(workers: WorkerPool, sqs: int) -> None:
-    """A 4 s body with a 2 s visibility timeout: SQS hands the message to the second worker
-    while the first still runs it. Each copy finds the key held and is
-    deferred (and its message deleted); the body runs once, one outcome is accepted (token 1),
-    and once it is done the queue empties: the copies still coming back are dropped."""
-    workers.start("a", concurrency=1)
-    workers.start("b", concurrency=1)
-    job, task_id = _job(), str(uuid.uuid4())
-    result = workers.client.send_task(WORK, args=(job, 4.0), task_id=task_id)
-    assert result.get(timeout=40)["token"] == token_base(workers.store_url) + 1
-    assert len(_received(workers, task_id)) >= 2  # SQS redelivered it while it ran
-    deferred = workers.journal.events("duplicate_deferred", key=f"job:{job}")
-    assert deferred, "the copies delivered while the body ran were deferred"
+def test_a_body_past_the_visibility_timeout_runs_once_and_extended_is_not_redelivered(
+        workers: WorkerPool, sqs: int) -> None:
+    """Two 4 s bodies at once under a 2 s visibility timeout, two workers ``-c 2``. The plain
+    task's message is handed to the other worker while the first still runs it: each copy
+    finds the key held and is deferred (its message deleted); the body runs once under token 1.
+    The task with ``lease_extend_visibility`` has its message's visibility extended while its
+    lease is renewed: received once, never deferred. Once both are done the queue empties and
+    nothing comes back."""
+    workers.start("a", concurrency=2)
+    workers.start("b", concurrency=2)
+    plain, extended = _job(), _job()
+    plain_id, extended_id = str(uuid.uuid4()), str(uuid.uuid4())
+    results = [workers.client.send_task(WORK, args=(plain, 4.0), task_id=plain_id),
+               workers.client.send_task(EXTENDED, args=(extended, 4.0), task_id=extended_id)]
+    first = token_base(workers.store_url) + 1
+    assert [r.get(timeout=40)["token"] for r in results] == [first, first]
+    assert len(_received(workers, plain_id)) >= 2  # SQS redelivered it while it ran
+    assert workers.journal.events("duplicate_deferred", key=f"job:{plain}")
     deadline = time.monotonic() + 30
     while not _queue_empty(workers, sqs):
         assert time.monotonic() < deadline, "the queue did not empty"
         time.sleep(0.5)
     time.sleep(2.5)  # past another visibility timeout: nothing comes back
     assert _queue_empty(workers, sqs)
-    assert len(workers.journal.events("body_start", job_id=job)) == 1
-    assert len(workers.journal.events("body_end", job_id=job)) == 1
-    with open_store(workers.store_url) as store:
-        record = store.get(f"job:{job}")
-        assert record is not None and (record.state, record.token) == (
-            LeaseState.DONE, token_base(workers.store_url) + 1)
+    assert len(_received(workers, extended_id)) == 1
+    assert workers.journal.events("duplicate_deferred", key=f"job:{extended}") == []
+    for job in (plain, extended):
+        assert len(workers.journal.events("body_start", job_id=job)) == 1
+        with open_store(workers.store_url) as store:
+            record = store.get(f"job:{job}")
+            assert record is not None and (record.state, record.token) == (LeaseState.DONE,
+                                                                           first)
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
@@ -127,13 +138,7 @@ def test_a_sigkilled_worker_is_taken_over_by_the_sqs_redelivery(workers: WorkerP
     """Worker a is SIGKILLed mid-task. Its message was not deleted, so SQS hands it to worker b
     after the 3 s visibility timeout (the sweeper is off: the redelivery is SQS's own), which
     takes the expired lease over (token 2) and finishes: one accepted outcome, token 2."""
-    workers.start("a", concurrency=1)
-    workers.start("b", concurrency=1)
-    job, task_id = _job(), str(uuid.uuid4())
-    result = workers.client.send_task(WORK, args=(job, 3.0), task_id=task_id)
-    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
-                             what="the first run to start")
-    first = workers.journal.events("body_start", job_id=job)[0]
+    job, task_id, result, first = _started_on_one_of_two(workers, 3.0)
     victim = next(w for w in workers.workers if _runs_on(first["pid"], w.process.pid))
     victim.kill()
     killed_at = time.time()
@@ -192,24 +197,6 @@ def test_an_sqs_redelivery_racing_the_settle_completes_the_task_once(
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
-                        LEASE_TEST_VISIBILITY="2", LEASE_TEST_EXTEND_VISIBILITY="1")
-def test_extended_visibility_keeps_a_running_task_from_coming_back(
-        workers: WorkerPool, sqs: int) -> None:
-    """The 4 s body of the first test, 2 s visibility, with ``lease_extend_visibility``: the
-    worker extends the message's visibility while the lease is renewed, so SQS never hands it
-    to the second worker: one receipt, no deferral, one run, and the queue empties."""
-    workers.start("a", concurrency=1)
-    workers.start("b", concurrency=1)
-    job, task_id = _job(), str(uuid.uuid4())
-    result = workers.client.send_task(WORK, args=(job, 4.0), task_id=task_id)
-    assert result.get(timeout=40)["token"] == token_base(workers.store_url) + 1
-    time.sleep(2.5)  # past another visibility timeout
-    assert len(_received(workers, task_id)) == 1
-    assert workers.journal.events("duplicate_deferred", key=f"job:{job}") == []
-    assert _queue_empty(workers, sqs)
-
-
-@pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
                         LEASE_TEST_VISIBILITY="2", LEASE_TEST_EXTEND_VISIBILITY="1",
                         LEASE_TEST_SWEEP_INTERVAL="0")
 def test_a_stalled_owners_message_still_comes_back(workers: WorkerPool) -> None:
@@ -217,13 +204,7 @@ def test_a_stalled_owners_message_still_comes_back(workers: WorkerPool) -> None:
     row expires, the extensions stop, and SQS hands the message to the other worker one
     visibility timeout later (the sweeper is off: this is SQS's redelivery), which takes the
     key over (token 2). The stalled owner, continued, finds its lease lost."""
-    workers.start("a", concurrency=1)
-    workers.start("b", concurrency=1)
-    job, task_id = _job(), str(uuid.uuid4())
-    result = workers.client.send_task(WORK, args=(job, 4.0), task_id=task_id)
-    workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
-                             what="the first run to start")
-    first = workers.journal.events("body_start", job_id=job)[0]
+    job, task_id, result, first = _started_on_one_of_two(workers, 4.0)
     os.kill(first["pid"], signal.SIGSTOP)
     try:
         base = token_base(workers.store_url)
