@@ -8,7 +8,11 @@ Every job is published once as an *original* (its own task id). Some are publish
 - an *alias*: a new task id with the same arguments, so the same ``lease_key`` (the same work
   published twice by two producers).
 
-Each publication links the two callbacks (``chaos.on_done``, ``chaos.on_done_plain``).
+Each publication links the two callbacks (``chaos.on_done``, ``chaos.on_done_plain``). With
+``record`` (``--record-at-publish``) each goes through the LeasedTask's ``apply_async`` with
+``lease_record=True``: the key's row is written before the message, so a message the broker
+loses (a worker killed between kombu's pop and its unacked record) is re-published by the
+sweeper; without it, by name (``send_task``), as a producer without the task's code would.
 """
 
 from __future__ import annotations
@@ -60,12 +64,25 @@ def plan_publications(tasks: int, seconds: float, rng: random.Random, *,
     return sorted(originals + duplicates, key=lambda p: p.at)
 
 
+def recording_task(client: Any) -> Any:
+    """``chaos.job`` as a LeasedTask of the harness's app, keyed as the workers' is, so that
+    its ``apply_async`` writes the row at publish (the body runs in the workers only)."""
+    from lease_celery import LeasedTask
+
+    @client.task(base=LeasedTask, bind=True, name=JOB_TASK, lease_key="job:{job}", shared=False)
+    def job(self: Any, job: str, sleep_ms: int) -> None:
+        raise AssertionError("chaos.job runs in the workers (benchmarks/chaos/app.py)")
+
+    return job
+
+
 class Publisher(threading.Thread):
     """Publishes the plan on time (late publications go out at once) until done or stopped."""
 
-    def __init__(self, client: Any, plan: list[Publication]) -> None:
+    def __init__(self, client: Any, plan: list[Publication], *, record: bool = False) -> None:
         super().__init__(name="chaos-publisher", daemon=True)
         self.client, self.plan = client, plan
+        self.task = recording_task(client) if record else None
         self.published: list[Publication] = []
         self.errors: list[str] = []
         self._halt = threading.Event()
@@ -82,9 +99,14 @@ class Publisher(threading.Thread):
                 return
             links = [self.client.signature(CALLBACK_TASK),
                      self.client.signature(PLAIN_CALLBACK_TASK)]
+            args = (publication.job, publication.sleep_ms)
             try:
-                self.client.send_task(JOB_TASK, args=(publication.job, publication.sleep_ms),
-                                      task_id=publication.task_id, link=links, **options)
+                if self.task is not None:
+                    self.task.apply_async(args, task_id=publication.task_id, link=links,
+                                          lease_record=True, **options)
+                else:
+                    self.client.send_task(JOB_TASK, args=args, task_id=publication.task_id,
+                                          link=links, **options)
             except Exception as exc:  # the broker is not faulted: report, do not hide it
                 self.errors.append(f"{publication.task_id}: {exc!r}")
                 continue

@@ -71,6 +71,7 @@ class RunOptions:
     visibility_timeout: float = 3600.0
     workers: int = 3
     duplicates: float = 0.1  # fraction of jobs re-sent with the same id, and again as aliases
+    record_at_publish: bool = False  # publish with lease_record=True (rows before messages)
     keep: bool = False
     extra_conf: dict[str, Any] = field(default_factory=dict)
     #: The Redis store on a redis-server of the run's own, with this persistence (``aof``,
@@ -185,6 +186,8 @@ def run(options: RunOptions) -> tuple[Report, Path]:
     flags = Flags(folder / "flags")
     notes = [f"broker {options.broker}; seed {seed}; faults {', '.join(kinds) or 'none'}; "
              f"run directory {folder}", *skipped]
+    if options.record_at_publish:
+        notes.append("published with lease_record=True (a row per key before its message)")
     if own_redis is not None:
         notes.append("the store on a redis-server of the run's own: " + (
             "appendonly yes, appendfsync always" if own_redis == "aof"
@@ -213,12 +216,13 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         except RuntimeError as exc:
             raise HarnessError(str(exc)) from exc
         client = client_app(config)
+        client.conf.lease_store_url = sandbox.checker_url  # the rows written at publish
         stack.callback(client.close)
 
         plan = plan_publications(options.tasks, options.window, rng,
                                  resend_fraction=options.duplicates,
                                  alias_fraction=options.duplicates)
-        publisher = Publisher(client, plan)
+        publisher = Publisher(client, plan, record=options.record_at_publish)
         injector = FaultInjector(
             plan_faults(kinds, options.window, rng), window=options.window, pool=pool,
             sandbox=sandbox, flags=flags, events=events, rng=rng, ttl=options.ttl,
@@ -294,6 +298,8 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--duplicates", type=float, default=0.1,
                         help="fraction of jobs re-sent with the same id (and as many aliases)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
+    parser.add_argument("--record-at-publish", action="store_true",
+                        help="publish with lease_record=True: a row per key before its message")
     parser.add_argument("--redis-persistence", choices=PERSISTENCE, default=None,
                         help="the Redis store on a redis-server of the run's own (store-restart "
                              "starts one, aof by default): aof (appendonly yes, appendfsync "
@@ -305,6 +311,7 @@ def parse_args(argv: list[str] | None) -> RunOptions:
                       faults=args.faults, seed=args.seed, settle=args.settle, ttl=args.ttl,
                       visibility_timeout=args.visibility_timeout, workers=args.workers,
                       duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf),
+                      record_at_publish=args.record_at_publish,
                       redis_persistence=args.redis_persistence)
 
 

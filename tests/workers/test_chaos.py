@@ -314,9 +314,10 @@ RUN_TIMEOUT = 240
 @pytest.mark.parametrize(("store", "broker"), [("sqlite", "sqs"), ("postgres", "redis"),
                                                ("redis", "rabbitmq")])
 def test_a_short_chaos_run_passes(store: str, broker: str) -> None:
-    """200 tasks, duplicates, every fault that applies to the store: the checker passes. Each
+    """150 tasks, duplicates, every fault that applies to the store: the checker passes. Each
     store once, each on a broker of its own: SQS (moto's server), Redis (new work at priority
-    5, recovered work at 0), RabbitMQ (recovered work at its queue's top priority)."""
+    5, recovered work at 0, rows written at publish), RabbitMQ (recovered work at its queue's
+    top priority)."""
     reachable, detail = redis_reachable()
     require("Redis", reachable, detail)
     if store == "postgres":
@@ -325,9 +326,13 @@ def test_a_short_chaos_run_passes(store: str, broker: str) -> None:
     if broker == "rabbitmq":
         reachable, detail = rabbitmq_reachable()
         require("RabbitMQ", reachable, detail)
+    # On Redis with rows written at publish: kombu's pop-then-record window loses a message
+    # now and then (a worker killed in between), and the row brings it back within the run
+    # instead of leaving it to the broker (20 s of the run spent waiting for it otherwise).
+    recording = ["--record-at-publish"] if broker == "redis" else []
     process = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--broker", broker,
-         "--tasks", "200", "--faults", "all", "--settle", "60",
+         "--tasks", "150", "--faults", "all", "--settle", "60", *recording,
          "--conf", "task_default_priority=5", "--conf", "task_queue_max_priority=10"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
