@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +51,23 @@ class Worker:
         self.process.wait(10)
 
     def stop(self) -> None:
+        self.terminate()
+        self.join()
+
+    def terminate(self) -> None:
+        """Begin a warm shutdown (SIGTERM to the whole group)."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for the shutdown begun by ``terminate``; SIGKILL the group past ``timeout``."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+            self.process.wait(10)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -103,8 +113,12 @@ class WorkerPool:
         return worker
 
     def stop_all(self) -> None:
+        """Warm-shut every worker down at once, then wait for each: a warm shutdown takes
+        Celery about a second even when idle, and one after another those seconds add up."""
         for worker in self.workers:
-            worker.stop()
+            worker.terminate()
+        for worker in self.workers:
+            worker.join()
 
     def logs(self) -> str:
         return "\n".join(f"----- {w.name} -----\n{w.output()}" for w in self.workers)
