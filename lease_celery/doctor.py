@@ -39,7 +39,7 @@ from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
 from .worker.sweeper import QUEUE_WAIT_GRACES
-from .worker.visibility import VISIBILITY_DEFAULTS
+from .worker.visibility import extension_tick, visibility_timeout
 
 __all__ = ["Finding", "diagnose", "leased_tasks"]
 
@@ -207,13 +207,12 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
     conf = app.conf
     found: list[Finding] = []
     scheme = urlsplit(conf.broker_url or "amqp://").scheme.split("+")[0]
-    options = conf.broker_transport_options or {}
-    if scheme in VISIBILITY_DEFAULTS:
-        vt = float(options.get("visibility_timeout", VISIBILITY_DEFAULTS[scheme]))
+    vt = visibility_timeout(app)
+    if vt is not None:
         found += _visibility(scheme, vt, tasks, longest, ttl)
     elif scheme in _AMQP:
         found += _consumer_timeout(app, tasks)
-    if scheme not in VISIBILITY_DEFAULTS and any(_extends_visibility(t) for t in tasks):
+    if vt is None and any(_extends_visibility(t) for t in tasks):
         found.append(Finding(
             "broker.visibility_extended", "warning", "delivery",
             f"lease_extend_visibility is on, but {scheme} has no visibility timeout to "
@@ -236,7 +235,7 @@ def _delivery(app: Any, tasks: list[Any], longest: float | None,
             "succeed: one task id would report both. Set task_reject_on_worker_lost=True"))
     multiplier = int(conf.worker_prefetch_multiplier or 0)
     if multiplier > 1 and (longest is None or longest > LONG_TASK):
-        towards = ("the visibility timeout" if scheme in VISIBILITY_DEFAULTS
+        towards = ("the visibility timeout" if vt is not None
                    else "RabbitMQ's consumer_timeout" if scheme in _AMQP else None)
         found.append(Finding(
             "worker.prefetch_multiplier", "warning", "delivery",
@@ -286,7 +285,7 @@ def _visibility(scheme: str, vt: float, tasks: list[Any], longest: float | None,
         found.append(Finding(
             "broker.visibility_extended", "ok", "delivery",
             f"lease_extend_visibility: while a task's lease is renewed its worker extends its "
-            f"message's visibility every {max(vt / 4, 0.2):g}s (a quarter of visibility_timeout"
+            f"message's visibility every {extension_tick(vt):g}s (a quarter of visibility_timeout"
             f"={vt:g}s), so {scheme} does not hand it out again while it runs; when the owner "
             "dies or stalls the extensions stop and the message comes back after the timeout"))
     elif longest is None:

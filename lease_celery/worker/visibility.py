@@ -39,7 +39,8 @@ from ..models import LeaseState
 from ..stores.base import Store
 from ..stores.registry import open_store
 
-__all__ = ["VISIBILITY_DEFAULTS", "VisibilityExtender", "extending_tasks", "visibility_timeout"]
+__all__ = ["VISIBILITY_DEFAULTS", "VisibilityExtender", "extending_tasks", "extension_tick",
+           "visibility_timeout"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,12 @@ def visibility_timeout(app: Any) -> float | None:
     return float(options.get("visibility_timeout", VISIBILITY_DEFAULTS[scheme]))
 
 
+def extension_tick(timeout: float) -> float:
+    """Seconds between two extensions under a visibility timeout of ``timeout``: a quarter of
+    it, so a message is extended well before it would be handed out again."""
+    return max(MIN_TICK, timeout / 4)
+
+
 def extending_tasks(app: Any) -> set[str]:
     """Names of the app's LeasedTasks with ``lease_extend_visibility`` on."""
     return {task.name for task in leased_tasks(app) if task.lease_settings.extend_visibility}
@@ -71,7 +78,7 @@ class VisibilityExtender(threading.Thread):
     def __init__(self, app: Any, timeout: float, names: set[str]) -> None:
         super().__init__(name="lease-visibility", daemon=True)
         self.app, self.timeout, self.names = app, timeout, names
-        self.tick = max(MIN_TICK, timeout / 4)
+        self.tick = extension_tick(timeout)
         self.extended = 0  # messages extended, all ticks (for logs and tests)
         self._halt = threading.Event()
         self._stores: dict[str, Store] = {}
