@@ -108,6 +108,9 @@ MISCONFIGURATIONS: list[tuple[dict[str, Any], str, str, str]] = [
      "task.reject_on_worker_lost", "error", "task_reject_on_worker_lost is off"),
     ({"broker_url": "amqp://guest@127.0.0.1//", "lease_extend_visibility": True},
      "broker.visibility_extended", "warning", "amqp has no visibility timeout to extend"),
+    ({"lease_extend_visibility": "yes"}, "settings.invalid", "error",
+     "lease_extend_visibility (setting lease_extend_visibility) must be True or False, "
+     "got 'yes'"),
     ({"lease_recovery_priority": "first"}, "settings.invalid", "error",
      "lease_recovery_priority (setting lease_recovery_priority) must be 'auto', a priority "
      "from 0 to 255 or False, got 'first'"),

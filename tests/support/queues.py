@@ -45,8 +45,9 @@ def own_queue() -> Iterator[str]:
 
 
 def published(queue: str) -> list[dict[str, Any]]:
-    """The task messages waiting in ``queue`` (every priority list), oldest first: task name,
-    id, args, kwargs, retries, priority."""
+    """The task messages waiting in ``queue`` (every priority list, the first list first),
+    oldest first in each: task name, id, args, kwargs, retries, priority, the priority list
+    (``""`` for the first, else its step) and the message's headers."""
     client = redis.Redis.from_url(REDIS_URL)
     found = []
     for key in sorted(client.scan_iter(match=f"{queue}*")):
@@ -56,5 +57,8 @@ def published(queue: str) -> list[dict[str, Any]]:
             headers = message["headers"]
             found.append({"task": headers["task"], "id": headers["id"], "args": args,
                           "kwargs": kwargs, "retries": headers.get("retries"),
-                          "priority": message["properties"].get("priority")})
+                          "priority": message["properties"].get("priority"),
+                          # kombu's list: the queue's name, then <queue>\x06\x16<step>
+                          "list": key.decode().removeprefix(queue).replace("\x06\x16", ""),
+                          "headers": headers})
     return found

@@ -20,6 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
+from benchmarks.chaos.workers import pool_children
 from lease_celery import LeaseState, open_store
 from tests.support.servers import REDIS_URL, missing
 from tests.support.sqs import broker_url, sqs_client, sqs_port, transport_options
@@ -139,7 +140,7 @@ def test_a_sigkilled_worker_is_taken_over_by_the_sqs_redelivery(workers: WorkerP
     after the 3 s visibility timeout (the sweeper is off: the redelivery is SQS's own), which
     takes the expired lease over (token 2) and finishes: one accepted outcome, token 2."""
     job, task_id, result, first = _started_on_one_of_two(workers, 3.0)
-    victim = next(w for w in workers.workers if _runs_on(first["pid"], w.process.pid))
+    victim = next(w for w in workers.workers if first["pid"] in pool_children(w.process.pid))
     victim.kill()
     killed_at = time.time()
     base = token_base(workers.store_url)
@@ -153,15 +154,6 @@ def test_a_sigkilled_worker_is_taken_over_by_the_sqs_redelivery(workers: WorkerP
         record = store.get(f"job:{job}")
         assert record is not None and (record.state, record.token) == (LeaseState.DONE,
                                                                        base + 2)
-
-
-def _runs_on(pid: int, main_pid: int) -> bool:
-    """Whether pool process ``pid`` belongs to the worker whose main process is ``main_pid``."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1]) == main_pid
-    except OSError:
-        return False
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="4", LEASE_TEST_HEARTBEAT="0.5",

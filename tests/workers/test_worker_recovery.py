@@ -3,7 +3,6 @@ an unlucky moment (real workers, Redis broker, SQLite store)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -15,6 +14,7 @@ from lease_celery import LeaseState, open_store
 from lease_celery.execution.delivery import republish
 from lease_celery.execution.recovery import FIRST_PRIORITY_HEADER
 from tests.support.backlog import BACKLOG, stalled_owner_behind_a_backlog
+from tests.support.queues import published
 from tests.support.servers import REDIS_URL
 from tests.support.tokens import token_base
 from tests.support.workers import WorkerPool
@@ -94,15 +94,11 @@ def test_a_stalled_owners_key_runs_again_ahead_of_the_backlog_on_redis(
 
 
 def _published(client: redis.Redis, queue: str) -> list[tuple[str, int | None, Any]]:
-    """(list, priority, lease_priority header) of every message in ``queue``'s priority
-    lists (kombu's Redis transport: the queue's name, then ``<queue>\\x06\\x16<step>``)."""
-    found = []
-    for key in sorted(client.scan_iter(match=f"{queue}*")):
-        for raw in client.lrange(key, 0, -1):
-            message = json.loads(raw)
-            found.append((key.decode().removeprefix(queue).replace("\x06\x16", ""),
-                          message["properties"].get("priority"),
-                          message["headers"].get(FIRST_PRIORITY_HEADER, "absent")))
+    """(list, priority, lease_priority header) of every message in ``queue``, which is then
+    emptied for the next step."""
+    found = [(m["list"], m["priority"], m["headers"].get(FIRST_PRIORITY_HEADER, "absent"))
+             for m in published(queue)]
+    for key in client.scan_iter(match=f"{queue}*"):
         client.delete(key)
     return found
 
