@@ -24,6 +24,7 @@ import pytest
 
 from lease_celery import EffectState, Store, open_store
 from lease_celery.errors import EffectOutcomeUnknown
+from tests.support.browser import wait_until_replaced
 from tests.support.policy_helpers import REPO
 from tests.support.servers import missing
 
@@ -104,7 +105,7 @@ def browser() -> Iterator[Any]:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError as exc:
-        _need("selenium", False, f"pip install -e '.[test]' ({exc})")
+        _need("selenium", False, f"pip install -e . --group test ({exc})")
     options = webdriver.ChromeOptions()
     options.binary_location = str(chromium)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
@@ -121,12 +122,10 @@ def browser() -> Iterator[Any]:
 def _click_and_load(browser: Any, element: Any) -> None:
     """Click a link or button and wait until the next page has replaced this one."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.wait import WebDriverWait
 
     page = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+    wait_until_replaced(page, timeout=10)
 
 
 def _no_script_ran(browser: Any) -> None:
