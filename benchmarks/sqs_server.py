@@ -60,7 +60,7 @@ def sqs_port() -> tuple[int | None, str]:
         return _own_port, ""
     program = _moto_server()
     if program is None:
-        return None, "moto_server is not installed (pip install -e '.[test]')"
+        return None, "moto_server is not installed (pip install -e . --group test)"
     port = _free_port()
     _started = subprocess.Popen([program, "-H", SQS_HOST, "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

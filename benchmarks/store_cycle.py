@@ -6,6 +6,8 @@ round to round) so that machine noise hits them alike:
 - *library*: ``store.claim`` + ``store.finish`` on a fresh key;
 - *raw*: the same statements (the library's own SQL / Lua, read from its files) on the raw
   driver, without the library around them;
+- *limited*: ``store.claim_limited`` (a key-group limit of 1,000, so every claim takes a slot)
+  + ``store.finish``: what a limited claim costs against a plain one (goal: at most 1.3x);
 - *minimal*: the physical limit, the smallest pair a hand-written program could send on that
   driver to a tiny table (or hash) of its own with key, owner, token, expires_at, state and
   result: an upsert claim of the fresh key with ``RETURNING token``, then one fenced ``UPDATE``
@@ -15,9 +17,10 @@ round to round) so that machine noise hits them alike:
 
     python benchmarks/store_cycle.py [--seconds 0.25] [--rounds 24] [--stores sqlite,postgres,redis]
 
-Prints cycles/s for each side (mean over the bursts) and the ratios library / raw and
-library / minimal. Needs PostgreSQL and Redis on 127.0.0.1 (the test servers) for those rows;
-every side removes its own tables and keys.
+Prints cycles/s for each side (mean over the bursts) and the ratios library / raw,
+library / minimal and library / limited (the limited claim's cost, as a multiple). Needs
+PostgreSQL and Redis on 127.0.0.1 (the test servers) for those rows; every side removes its
+own tables and keys.
 """
 
 from __future__ import annotations
@@ -66,6 +69,20 @@ def library_cycle(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     return cycle, store.close
 
 
+def limited_cycle(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    from lease_celery.limits import GroupLimit
+
+    store = open_store(url)
+    run = uuid.uuid4().hex[:8]
+    group = GroupLimit(f"bench:{run}", limit=1000)
+
+    def cycle(i: int) -> None:
+        lease = store.claim_limited(f"lim:{run}:{i}", owner="bench", ttl=TTL, limit=group)
+        assert lease is not None and store.finish(lease, RESULT)  # type: ignore[arg-type]
+
+    return cycle, store.close
+
+
 def store_synchronous(path: str) -> str:
     """The ``synchronous`` mode the library's SQLite store runs this file with (its default)."""
     with open_store(f"sqlite:///{path}") as store:
@@ -90,7 +107,8 @@ def raw_sqlite(path: str) -> tuple[Callable[[int], None], Callable[[], None]]:
         conn.execute("BEGIN IMMEDIATE")
         now = time.time()
         token, *_ = conn.execute(q["claim"], {"key": key, "owner": "bench", "now": now,
-                                              "expires_at": now + TTL, "task": None}).fetchone()
+                                              "expires_at": now + TTL, "task": None,
+                                              "grp": None, "slot": None}).fetchone()
         conn.execute(q["bump_fence"])
         conn.execute("COMMIT")
         conn.execute("BEGIN IMMEDIATE")
@@ -308,10 +326,11 @@ def measure(name: str, url: str, raw: Side, minimal: Side, seconds: float,
             rounds: int) -> dict[str, Any]:
     target = url.removeprefix("sqlite:///") if name == "sqlite" else url
     sides = {"library": library_cycle(url)}  # first: it creates the schema the raw side uses
-    sides |= {"raw": raw(target), "minimal": minimal(target)}
+    sides |= {"raw": raw(target), "minimal": minimal(target), "limited": limited_cycle(url)}
     mean = alternate(sides, seconds, rounds)
     return {"store": name, **mean, "ratio": mean["library"] / mean["raw"],
-            "ratio_minimal": mean["library"] / mean["minimal"]}
+            "ratio_minimal": mean["library"] / mean["minimal"],
+            "ratio_limited": mean["library"] / mean["limited"]}
 
 
 def main() -> None:
@@ -336,10 +355,11 @@ def main() -> None:
         finally:
             cleanup(schema, prefix, args.stores)
     print(f"{'store':<10}{'library cycles/s':>18}{'raw cycles/s':>14}{'minimal cycles/s':>18}"
-          f"{'lib/raw':>9}{'lib/minimal':>13}")
+          f"{'lib/raw':>9}{'lib/minimal':>13}{'limited cycles/s':>18}{'lib/limited':>13}")
     for row in rows:
         print(f"{row['store']:<10}{row['library']:>18,.0f}{row['raw']:>14,.0f}"
-              f"{row['minimal']:>18,.0f}{row['ratio']:>9.2f}{row['ratio_minimal']:>13.2f}")
+              f"{row['minimal']:>18,.0f}{row['ratio']:>9.2f}{row['ratio_minimal']:>13.2f}"
+              f"{row['limited']:>18,.0f}{row['ratio_limited']:>13.2f}")
 
 
 def cleanup(schema: str, prefix: str, stores: str) -> None:

@@ -8,7 +8,7 @@ One ``celery worker -P prefork -c 2`` per variant (tasks in
 prefix of the run, ``task_acks_late``, prefetch multiplier 4, ``ignore_result``. Stores: SQLite
 in a temporary file, PostgreSQL in a schema of the run's own (dropped after), Redis database 14
 under the run's prefix (deleted after). celery-once and celery-singleton lock on the broker's
-Redis (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+Redis (needs the ``bench`` dependency group: ``pip install -e . --group bench``).
 
 What the store's history costs a task: ``--variants plain,sqlite,sqlite-nohistory`` (and
 ``postgres-nohistory``) adds the same store in a file or schema of its own, whose history
@@ -27,6 +27,15 @@ Noise is handled by alternation: in every round and body the batches run plain, 
 its rate divided by the mean of the two plain batches around it. The table shows the median
 over rounds. ``publish/s`` is the publisher's own rate: celery-once and celery-singleton take
 their lock at publish time, which the worker-side rate does not see.
+
+CPU per task, by process: user + system time (``/proc/<pid>/stat``) over the batch, from the
+resume to the last settle confirmation, divided by its tasks: the worker (its main process and
+pool processes), the Redis server (the broker, and the store of the ``redis`` variant) and
+every PostgreSQL server process (the ``postgres`` variants' store). SQLite's cost is in the
+worker's. ``+worker`` is the variant's worker CPU minus the mean of the plain batches around
+it (the same alternation as the ratio): what the library costs the machine per task, steadier
+than the rate on a busy machine. Other tenants of the shared Redis and PostgreSQL servers land
+in their figures too: run on a quiet machine.
 """
 
 from __future__ import annotations
@@ -141,6 +150,81 @@ class WorkerFailed(RuntimeError):
 
 # -- one run -------------------------------------------------------------------------------
 
+#: The processes whose CPU a batch reports, each a column of the table (and, in the JSON
+#: output only, ``worker_main``: the worker's main process alone, its pool processes apart).
+CPU_PARTS = ("worker", "redis", "postgres")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces), or
+    None for a process that is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _cpu_of(pid: int) -> float:
+    """Seconds of user + system CPU ``pid`` has used (0 for a process that is gone)."""
+    fields = _proc_stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (a worker: its main process and pool processes)."""
+    parents: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        fields = _proc_stat(pid)
+        if fields is not None:
+            parents.setdefault(int(fields[1]), []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += parents.get(pid, [])
+    return tree
+
+
+def processes_named(name: str) -> list[int]:
+    """Every process whose command name is ``name`` (PostgreSQL: a process per connection)."""
+    found = []
+    for pid in _all_pids():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+class CpuMeter:
+    """CPU seconds per part (``CPU_PARTS``) between two readings: a process that starts in
+    between counts from zero, one that ends in between is lost (PostgreSQL backends of the
+    pool, which stay connected, rarely do)."""
+
+    def __init__(self, worker_pid: int, redis_pid: int | None) -> None:
+        self.worker_pid, self.redis_pid = worker_pid, redis_pid
+
+    def read(self) -> dict[str, dict[int, float]]:
+        parts = {"worker": process_tree(self.worker_pid), "worker_main": [self.worker_pid],
+                 "redis": [self.redis_pid] if self.redis_pid else [],
+                 "postgres": processes_named("postgres")}
+        return {part: {pid: _cpu_of(pid) for pid in pids} for part, pids in parts.items()}
+
+    @staticmethod
+    def spent(before: dict[str, dict[int, float]],
+              after: dict[str, dict[int, float]]) -> dict[str, float]:
+        return {part: sum(max(0.0, cpu - before[part].get(pid, 0.0))
+                          for pid, cpu in after[part].items())
+                for part in after}
+
+
 @dataclass
 class Batch:
     variant: str
@@ -150,7 +234,9 @@ class Batch:
     rate: float  # tasks/s, worker side
     seconds: float  # first start -> last end
     publish_rate: float  # tasks/s, publisher side
+    cpu_us: dict[str, float] = field(default_factory=dict)  # CPU_PARTS -> µs per task
     ratio: float | None = None  # filled in for non-plain batches
+    extra_worker_us: float | None = None  # worker µs/task over the plain batches around it
 
 
 @dataclass
@@ -161,6 +247,15 @@ class Row:
     rates: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
     publish_rates: list[float] = field(default_factory=list)
+    cpu_us: dict[str, list[float]] = field(default_factory=dict)
+    extra_worker_us: list[float] = field(default_factory=list)
+
+    def cpu_median(self, part: str) -> float:
+        return statistics.median(self.cpu_us[part])
+
+    @property
+    def extra_worker_median(self) -> float | None:
+        return statistics.median(self.extra_worker_us) if self.extra_worker_us else None
 
     @property
     def rate_median(self) -> float:
@@ -209,6 +304,9 @@ class Run:
         self._history_rows: dict[str, int] = {}  # no-history variant -> entries at the drop
         self.app_module: ModuleType | None = None
         self._batches = 0
+        # The broker's server process, when it runs on this machine (CPU per task).
+        redis_pid = int(self.redis.info("server").get("process_id", 0))
+        self.redis_pid = redis_pid if Path(f"/proc/{redis_pid}").exists() else None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -335,11 +433,14 @@ class Run:
         self._batches += 1
         batch = f"{self.id}-{self._batches}"
         worker.pause()
+        meter = CpuMeter(worker.process.pid, self.redis_pid)
         start = time.perf_counter()
         with app_module.app.producer_or_acquire() as producer:
             for i in range(tasks):
                 task.apply_async((batch, i), queue=worker.queue, producer=producer)
         publish_rate = tasks / (time.perf_counter() - start)
+        # After the publish: the publisher's own writes to Redis are not the worker's cost.
+        before = meter.read()
         worker.resume()
         try:
             seconds = self._wait_done(worker, batch, tasks,
@@ -347,7 +448,10 @@ class Run:
             self._wait_quiet(worker, batch, tasks)
         finally:
             worker.pause()
-        return Batch(variant, body, round_, tasks, tasks / seconds, seconds, publish_rate)
+        spent = CpuMeter.spent(before, meter.read())
+        cpu_us = {part: cpu / tasks * 1e6 for part, cpu in spent.items()}
+        return Batch(variant, body, round_, tasks, tasks / seconds, seconds, publish_rate,
+                     cpu_us)
 
     def _wait_done(self, worker: Worker, batch: str, tasks: int, timeout: float) -> float:
         """Seconds from the batch's first task start to its last task end."""
@@ -495,12 +599,18 @@ def measure(run: Run, variants: list[str], bodies: list[str], tasks: dict[str, i
                       file=log, flush=True)
             # Each variant against the mean of the plain batches just before and after it.
             for k, batch in enumerate(done):
+                row = rows[batch.variant, body]
                 if batch.variant != "plain":
-                    neighbours = statistics.mean([done[k - 1].rate, done[k + 1].rate])
-                    batch.ratio = batch.rate / neighbours
-                    rows[batch.variant, body].ratios.append(batch.ratio)
-                rows[batch.variant, body].rates.append(batch.rate)
-                rows[batch.variant, body].publish_rates.append(batch.publish_rate)
+                    around = (done[k - 1], done[k + 1])
+                    batch.ratio = batch.rate / statistics.mean([b.rate for b in around])
+                    batch.extra_worker_us = batch.cpu_us["worker"] - statistics.mean(
+                        [b.cpu_us["worker"] for b in around])
+                    row.ratios.append(batch.ratio)
+                    row.extra_worker_us.append(batch.extra_worker_us)
+                row.rates.append(batch.rate)
+                row.publish_rates.append(batch.publish_rate)
+                for part, value in batch.cpu_us.items():
+                    row.cpu_us.setdefault(part, []).append(value)
             batches += done
     return list(rows.values()), batches
 
@@ -508,16 +618,21 @@ def measure(run: Run, variants: list[str], bodies: list[str], tasks: dict[str, i
 def table(rows: list[Row]) -> str:
     width = max([10, *(len(row.variant) + 2 for row in rows)])
     lines = [f"{'variant':<{width}}{'body':<6}{'tasks':>6}{'tasks/s':>10}{'ratio':>7}"
-             f"{'publish/s':>11}  ratios per round"]
+             f"{'publish/s':>11}{'worker':>9}{'+worker':>9}{'redis':>7}{'postgres':>9}"
+             "  ratios per round"]
     for row in rows:
         if row.ratio_median is None:
             # The baseline: show how far its own runs spread, to judge the noise.
             spread = (max(row.rates) - min(row.rates)) / row.rate_median
             ratio, detail = "1.00", f"baseline, {len(row.rates)} runs, spread {spread:.0%}"
+            extra = "-"
         else:
             ratio, detail = f"{row.ratio_median:.2f}", " ".join(f"{r:.2f}" for r in row.ratios)
+            extra = f"{row.extra_worker_median:+,.0f}"
+        worker, redis, postgres = (row.cpu_median(part) for part in CPU_PARTS)
         lines.append(f"{row.variant:<{width}}{row.body:<6}{row.tasks:>6}{row.rate_median:>10,.0f}"
-                     f"{ratio:>7}{row.publish_median:>11,.0f}  {detail}")
+                     f"{ratio:>7}{row.publish_median:>11,.0f}{worker:>9,.0f}{extra:>9}"
+                     f"{redis:>7,.0f}{postgres:>9,.0f}  {detail}")
     return "\n".join(lines)
 
 
@@ -662,14 +777,18 @@ def main(argv: list[str] | None = None) -> int:
             "run": run.id, "variants": variants, "bodies": bodies, "tasks": tasks,
             "rounds": args.rounds, "elapsed_s": round(elapsed, 1),
             "rows": [{**asdict(row), "rate_median": row.rate_median,
-                      "ratio_median": row.ratio_median, "publish_median": row.publish_median}
+                      "ratio_median": row.ratio_median, "publish_median": row.publish_median,
+                      "cpu_us_median": {part: row.cpu_median(part) for part in row.cpu_us},
+                      "extra_worker_us_median": row.extra_worker_median}
                      for row in rows],
             "batches": [asdict(batch) for batch in batches],
         }, indent=2))
     else:
         print(table(rows))
         print(f"({elapsed:.0f}s; worker: prefork -c 2, prefetch 4, acks_late, ignore_result;"
-              f" ratio: variant / mean of the plain runs before and after it)")
+              f" ratio: variant / mean of the plain runs before and after it; worker, redis,"
+              f" postgres: CPU µs per task of those processes, +worker: the worker's over the"
+              f" plain runs around it)")
     return 0
 
 

@@ -224,3 +224,24 @@ celery_signals.task_prerun.connect(_on_prerun, weak=False)
 celery_signals.task_postrun.connect(_on_postrun, weak=False)
 celery_signals.worker_process_init.connect(_start_flusher, weak=False)
 celery_signals.worker_ready.connect(_announce_ready, weak=False)
+
+
+# -- profiling (BENCH_PROFILE=<folder>: a cProfile of each pool process, for finding costs) --
+
+def _start_profile(**_: Any) -> None:
+    import cProfile
+
+    # CPU time of the thread the tasks run in, not wall time: waits on a socket cost nothing.
+    profile = cProfile.Profile(time.thread_time)
+    folder = ENV["BENCH_PROFILE"]
+
+    def dump(**_: Any) -> None:
+        profile.disable()
+        profile.dump_stats(os.path.join(folder, f"pool-{os.getpid()}.prof"))
+
+    celery_signals.worker_process_shutdown.connect(dump, weak=False)
+    profile.enable()
+
+
+if ENV.get("BENCH_PROFILE"):
+    celery_signals.worker_process_init.connect(_start_profile, weak=False)

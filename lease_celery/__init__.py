@@ -12,9 +12,11 @@ from .errors import (
     InvalidKey,
     LeaseCancelled,
     LeaseDead,
+    LeaseDone,
     LeaseError,
     LeaseHeld,
     LeaseLost,
+    LimitReached,
     PayloadNotSerializable,
     ResultNotSerializable,
     StaleFence,
@@ -23,6 +25,7 @@ from .errors import (
     StoreError,
 )
 from .fencing import FenceGate
+from .limits import GroupLimit, LimitGroup, LimitRefused, Rate, Waiter
 from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
 from .runtime.handle import LeaseHandle
 from .settings import LeaseSettings
@@ -43,10 +46,12 @@ __all__ = [
     "EffectState",
     "Effects",
     "FenceGate",
+    "GroupLimit",
     "InvalidKey",
     "Lease",
     "LeaseCancelled",
     "LeaseDead",
+    "LeaseDone",
     "LeaseError",
     "LeaseHandle",
     "LeaseHeld",
@@ -55,7 +60,11 @@ __all__ = [
     "LeaseSettings",
     "LeaseState",
     "LeasedTask",
+    "LimitGroup",
+    "LimitReached",
+    "LimitRefused",
     "PayloadNotSerializable",
+    "Rate",
     "Receipt",
     "ResultNotSerializable",
     "StaleFence",
@@ -63,6 +72,7 @@ __all__ = [
     "StoreBusy",
     "StoreDataLost",
     "StoreError",
+    "Waiter",
     "fingerprint",
     "install",
     "open_store",

@@ -23,6 +23,8 @@ import click
 from .doctor import diagnose
 from .errors import ConfigError, LeaseError
 from .execution.delivery import republish
+from .execution.limited import publish_waiters
+from .limits import LimitGroup, check_limit_value, parse_rate
 from .models import HistoryEntry, LeaseRecord, LeaseState
 from .settings import store_url_of
 from .stores.base import Store
@@ -393,7 +395,8 @@ def stats(ctx: Context) -> None:
 @click.pass_obj
 def sweep_(ctx: Context, limit: int) -> None:
     """Re-publish the tasks of leases that nobody will run otherwise (expired, settling past
-    their deadline, ready and unclaimed); exit 1 when a re-publish failed."""
+    their deadline, ready and unclaimed, limit waiters with a free slot); exit 1 when a
+    re-publish failed."""
     with ctx.store() as store:
         report = sweep_report(ctx.app, store, limit=limit)
     for record, why in report.failed:
@@ -404,11 +407,76 @@ def sweep_(ctx: Context, limit: int) -> None:
                    err=True)
     _emit(ctx, {"swept": [r.key for r in report.republished],
                 "failed": [r.key for r, _ in report.failed],
-                "no_task": [r.key for r in report.no_task]},
+                "no_task": [r.key for r in report.no_task],
+                "handed_on": [w.key for w in report.handed_on]},
           f"re-published {len(report.republished)} task(s)"
-          + (f"; {len(report.failed)} failed" if report.failed else ""))
+          + (f"; {len(report.failed)} failed" if report.failed else "")
+          + (f"; {len(report.handed_on)} limit waiter(s) handed on" if report.handed_on
+             else ""))
     if report.failed:
         sys.exit(1)
+
+
+def _lift_or(value: str | None, parse: Callable[[str], Any]) -> Any:
+    """An option of ``leases limit``: None when not given, False for ``none`` (lift it),
+    else ``parse(value)``; a value it refuses is a usage error."""
+    if value is None:
+        return None
+    if value.strip().lower() in ("none", "off"):
+        return False
+    try:
+        return parse(value.strip())
+    except ConfigError as exc:
+        _refuse(f"{exc}, or none to lift it")
+
+
+def _group_line(group: LimitGroup) -> str:
+    limit = "-" if group.limit is None else str(group.limit)
+    rate = group.rate or "-"
+    note = (f"  (operator's {' and '.join(group.overridden)})" if group.overridden
+            else "")
+    return (f"{_printable(group.group)}  limit {limit}  rate {rate}  running {group.running}"
+            f"  waiting {group.waiting}{note}")
+
+
+@leases.command()
+@click.option("--limit", "max_groups", type=click.IntRange(min=1), default=100,
+              show_default=True, help="List at most this many groups.")
+@_common
+@click.pass_obj
+def limits(ctx: Context, max_groups: int) -> None:
+    """List the key-group limits: each group's limit and rate in force, running and waiting."""
+    with ctx.store() as store:
+        groups = store.limits(limit=max_groups)
+    _emit(ctx, [asdict(group) for group in groups],
+          "\n".join(_group_line(group) for group in groups) or "no limit groups")
+
+
+@leases.command()
+@click.argument("group")
+@click.option("--limit", "new_limit", metavar="N|none",
+              help="At most N of the group run at once (none: no limit).")
+@click.option("--rate", "new_rate", metavar="R|none",
+              help="At most R starts (10/s, 100/m, 5/h; none: no rate).")
+@click.option("--reset", is_flag=True, help="Back to the limit and rate the tasks ask for.")
+@_common
+@click.pass_obj
+def limit(ctx: Context, group: str, new_limit: str | None, new_rate: str | None,
+          reset: bool) -> None:
+    """Change a group's limit or rate without a deploy; waiters a raised limit lets run are
+    published at once."""
+    limit_value = _lift_or(new_limit, lambda v: check_limit_value(v, name="--limit"))
+    rate_value = _lift_or(new_rate, lambda v: parse_rate(v, name="--rate").text)
+    if limit_value is None and rate_value is None and not reset:
+        _refuse("give --limit N, --rate R or --reset (see celery leases limits)")
+    with ctx.store() as store:
+        try:
+            found = store.set_limit(group, limit=limit_value, rate=rate_value, reset=reset)
+        except ConfigError as exc:
+            _refuse(str(exc))
+        handed = publish_waiters(ctx.app, store.hand_on(group, grace=0.0))
+    _emit(ctx, {**asdict(found), "handed_on": [w.key for w in handed]},
+          _group_line(found) + (f"; {len(handed)} waiter(s) published" if handed else ""))
 
 
 #: What an operator accepts with ``reset-epoch``, said before and after the reset.

@@ -15,9 +15,11 @@ __all__ = [
     "InvalidKey",
     "LeaseCancelled",
     "LeaseDead",
+    "LeaseDone",
     "LeaseError",
     "LeaseHeld",
     "LeaseLost",
+    "LimitReached",
     "PayloadNotSerializable",
     "ResultNotSerializable",
     "StaleFence",
@@ -51,8 +53,17 @@ class LeaseDead(LeaseError):
     """The key is dead: its failure policy gave up on it. A person can requeue it."""
 
 
+class LeaseDone(LeaseError):
+    """A direct call of a LeasedTask whose key is already done: it did not run again."""
+
+
 class LeaseHeld(LeaseError):
     """The lease is held by another live owner."""
+
+
+class LimitReached(LeaseHeld):
+    """A limited call that could not wait on the store (an eager or direct call, or arguments
+    the store cannot record): its group was full, or its next start was not due yet."""
 
 
 class InvalidKey(LeaseError, ValueError):

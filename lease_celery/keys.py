@@ -21,30 +21,32 @@ __all__ = ["KeySpec", "check_key_spec", "message_key", "resolve_key"]
 KeySpec = str | Callable[..., str] | None
 
 
-def _field_roots(template: str) -> list[str]:
+def _field_roots(template: str, name: str = "lease_key") -> list[str]:
     roots = []
     for _, field, _, _ in string.Formatter().parse(template):
         if field is None:
             continue
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
-            raise ConfigError(f"lease_key {template!r}: use named fields such as {{report_id}},"
+            raise ConfigError(f"{name} {template!r}: use named fields such as {{report_id}},"
                               " not positional ones")
         roots.append(root)
     return roots
 
 
-def check_key_spec(spec: object, run: Callable[..., Any] | None, *, where: str) -> None:
-    """Refuse a ``lease_key`` that can never resolve, naming the task it belongs to."""
+def check_key_spec(spec: object, run: Callable[..., Any] | None, *, where: str,
+                   name: str = "lease_key") -> None:
+    """Refuse a ``lease_key`` (or ``name``: ``lease_limit_key``) that can never resolve,
+    naming the task it belongs to."""
     if spec is None or callable(spec):
         return
     if not isinstance(spec, str):
-        raise ConfigError(f"lease_key of {where} must be a format string, a callable or None,"
+        raise ConfigError(f"{name} of {where} must be a format string, a callable or None,"
                           f" got {type(spec).__name__}")
     try:
-        roots = _field_roots(spec)
+        roots = _field_roots(spec, name)
     except ValueError as exc:
-        raise ConfigError(f"lease_key {spec!r} of {where} is not a valid format string: {exc}"
+        raise ConfigError(f"{name} {spec!r} of {where} is not a valid format string: {exc}"
                           ) from exc
     if run is None:
         return
@@ -53,7 +55,7 @@ def check_key_spec(spec: object, run: Callable[..., Any] | None, *, where: str) 
         return
     missing = [root for root in roots if root not in params]
     if missing:
-        raise ConfigError(f"lease_key {spec!r} of {where} names {missing}, which are not"
+        raise ConfigError(f"{name} {spec!r} of {where} names {missing}, which are not"
                           f" parameters of the task ({', '.join(params) or 'none'})")
 
 
@@ -68,8 +70,10 @@ def _signature(run: Callable[..., Any]) -> tuple[inspect.Signature, str | None]:
 
 
 def resolve_key(spec: KeySpec, run: Callable[..., Any], args: Sequence[Any],
-                kwargs: Mapping[str, Any], *, task_id: str | None) -> str:
-    """Compute the lease key of one delivery; raise ``InvalidKey`` naming the problem."""
+                kwargs: Mapping[str, Any], *, task_id: str | None,
+                name: str = "lease_key") -> str:
+    """Compute the lease key (or ``name``: the limit group) of one delivery; raise
+    ``InvalidKey`` naming the problem."""
     if spec is None:
         if not task_id:
             raise InvalidKey("no lease_key is set and the task has no id to use as the key")
@@ -80,7 +84,7 @@ def resolve_key(spec: KeySpec, run: Callable[..., Any], args: Sequence[Any],
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise InvalidKey(f"lease_key {spec!r}: the task arguments do not fit: {exc}") from exc
+        raise InvalidKey(f"{name} {spec!r}: the task arguments do not fit: {exc}") from exc
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     if var_keyword is not None:
@@ -88,7 +92,7 @@ def resolve_key(spec: KeySpec, run: Callable[..., Any], args: Sequence[Any],
     try:
         return check_key(spec.format(**arguments))
     except (KeyError, IndexError, AttributeError) as exc:
-        raise InvalidKey(f"lease_key {spec!r} cannot be formatted from the task arguments"
+        raise InvalidKey(f"{name} {spec!r} cannot be formatted from the task arguments"
                          f" {sorted(arguments)}: {exc!r}") from exc
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from . import signals
 from .extras import needs
 
-__all__ = ["COUNTERS", "HISTOGRAMS", "reset", "serve", "snapshot"]
+__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "reset", "serve", "snapshot"]
 
 #: signal name -> counter name. Every signal has one.
 COUNTERS: dict[str, str] = {
@@ -41,7 +41,17 @@ COUNTERS: dict[str, str] = {
     "effect_replayed": "effect_replays",
     "effect_conflict": "effect_conflicts",
     "effect_outcome_unknown": "effects_outcome_unknown",
+    "limit_wait": "limit_waits",
+    "limit_handed_on": "limit_handed_on",
 }
+
+#: Gauges of key-group limits, per task name (groups are never labels: there may be one per
+#: tenant). ``limit_running``: this process's limited leases held now; ``limit_waiting``:
+#: deliveries parked minus those handed on (summed over processes, dead ones included).
+GAUGES = ("limit_running", "limit_waiting")
+#: Signals that end a hold: a limited lease among them leaves ``limit_running``.
+_HOLD_ENDS = frozenset({"lease_finished", "lease_released", "lease_dead", "lease_lost",
+                        "stale_result_rejected"})
 
 #: histogram name -> (signal names, keyword carrying the value in seconds).
 HISTOGRAMS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -72,6 +82,9 @@ class _Histogram:
 _lock = threading.Lock()
 _counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _histograms: dict[str, _Histogram] = defaultdict(_Histogram)
+_gauges: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+#: task name -> (key, token) of the limited leases this process holds.
+_limited: dict[str, set[tuple[str, int]]] = defaultdict(set)
 _prometheus: dict[str, Any] | None = None
 _creation_lock = threading.Lock()
 
@@ -89,7 +102,7 @@ def _prometheus_metrics() -> dict[str, Any]:
         if _prometheus is not None:
             return _prometheus
         try:
-            from prometheus_client import Counter, Histogram
+            from prometheus_client import Counter, Gauge, Histogram
         except ImportError:
             _prometheus = {}
         else:
@@ -99,6 +112,12 @@ def _prometheus_metrics() -> dict[str, Any]:
             for name in HISTOGRAMS:
                 made[name] = Histogram(f"lease_celery_{name}", f"lease_celery: {name}",
                                        buckets=_BUCKETS)
+            made["limit_running"] = Gauge("lease_celery_limit_running",
+                                          "lease_celery: limited leases held", ["task"],
+                                          multiprocess_mode="livesum")
+            made["limit_waiting"] = Gauge("lease_celery_limit_waiting",
+                                          "lease_celery: deliveries parked over a limit",
+                                          ["task"], multiprocess_mode="sum")
             _prometheus = made
     return _prometheus
 
@@ -113,17 +132,43 @@ _OBSERVES: dict[str, list[tuple[str, str]]] = {
 _children: dict[tuple[str, str], Any] = {}
 
 
+def _gauge_moves(signal_name: str, task: str, fields: dict[str, Any]) -> dict[str, int]:
+    """How this event moves the limit gauges of ``task`` (under ``_lock``)."""
+    if signal_name == "limit_wait":
+        return {"limit_waiting": 1}
+    if signal_name == "limit_handed_on":
+        return {"limit_waiting": -1}
+    lease: Any = fields.get("lease")
+    if getattr(lease, "group", None) is None:
+        return {}
+    held = _limited[task]
+    before = len(held)
+    if signal_name == "lease_acquired":
+        held.add((lease.key, lease.token))
+    elif signal_name in _HOLD_ENDS:
+        held.discard((lease.key, lease.token))
+    return {"limit_running": len(held) - before} if len(held) != before else {}
+
+
 def _record(signal_name: str, sender: Any, fields: dict[str, Any]) -> None:
     counter = COUNTERS[signal_name]
-    task = _label(sender)
+    waiter = fields.get("waiter")
+    # A hand-on is sent by the app, for a waiter of some task: counted under that task.
+    task = (str((waiter.task or {}).get("task") or "") if waiter is not None
+            else _label(sender))
     observed = [(name, float(value)) for name, kw in _OBSERVES[signal_name]
                 if (value := fields.get(kw)) is not None]
     with _lock:
         _counts[counter][task] += 1
         for name, value in observed:
             _histograms[name].observe(value)
+        moves = _gauge_moves(signal_name, task, fields)
+        for name, by in moves.items():
+            _gauges[name][task] += by
     prometheus = _prometheus if _prometheus is not None else _prometheus_metrics()
     if prometheus:
+        for name, by in moves.items():
+            prometheus[name].labels(task=task).inc(by)
         child = _children.get((counter, task))
         if child is None:
             child = _children[counter, task] = prometheus[counter].labels(task=task)
@@ -152,6 +197,7 @@ def snapshot() -> dict[str, Any]:
         return {
             "counters": {name: dict(_counts[name]) for name in COUNTERS.values()},
             "totals": {name: sum(_counts[name].values()) for name in COUNTERS.values()},
+            "gauges": {name: dict(_gauges[name]) for name in GAUGES},
             "histograms": {name: {"count": h.count, "sum": h.total,
                                   "buckets": dict(zip(map(str, _BUCKETS), h.buckets,
                                                       strict=True))}
@@ -164,6 +210,8 @@ def reset() -> None:
     with _lock:
         _counts.clear()
         _histograms.clear()
+        _gauges.clear()
+        _limited.clear()
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:

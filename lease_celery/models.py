@@ -46,6 +46,10 @@ class Lease:
     #: An operator asked to cancel this key (``store.cancel``): the reason, ``cancelled: …``,
     #: as the claim or the last renewal saw it; the holder stops (``LeaseCancelled``).
     cancel: str | None = field(default=None, compare=False)
+    #: A limited claim's group (``lease_limit_key``) and the slot token it was granted: the
+    #: group's count of grants, which grows on every one (``lease_celery.limits``).
+    group: str | None = field(default=None, compare=False)
+    slot: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

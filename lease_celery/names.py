@@ -21,7 +21,7 @@ TASK_OR_APP = frozenset({
     "lease_store_url", "lease_ttl", "lease_heartbeat_interval", "lease_max_attempts",
     "lease_max_takeovers", "lease_backoff_base", "lease_backoff_max",
     "lease_retry_time_limits", "lease_finish_in_background", "lease_record_at_publish",
-    "lease_extend_visibility"})
+    "lease_extend_visibility", "lease_limit", "lease_rate_limit", "lease_limit_key"})
 #: Options only a task has: they describe one task's messages.
 TASK_ONLY = frozenset({"lease_key", "lease_unique"})
 #: Settings of the workers (sweeper, retention, metrics): read from the app's configuration
@@ -44,6 +44,11 @@ FIXES: dict[str, str] = {
     "lease_finish_in_background": "True, False or 'auto'",
     "lease_record_at_publish": "True or False",
     "lease_extend_visibility": "True or False",
+    "lease_limit": "a whole number >= 1: at most that many of the group run at once",
+    "lease_rate_limit": "a rate such as '10/s', '100/m' or '5/h' (Celery's format)",
+    "lease_limit_key": "a format string whose fields are parameters of the task "
+                       "('tenant:{tenant_id}'), a callable taking the task's arguments, or "
+                       "None (the task's name)",
     "lease_key": "a format string whose fields are parameters of the task "
                  "('report:{report_id}'), a callable taking the task's arguments, or None",
     "lease_unique": "True or False",

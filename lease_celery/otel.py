@@ -75,10 +75,11 @@ EVENTS: dict[str, tuple[str, str]] = {
     "lease_retry": ("lease.retry", "retry"),
     "lease_dead": ("lease.dead", "dead"),
     "settle_completed": ("lease.settle_completed", "completed"),
+    "limit_wait": ("lease.limit_wait", "waiting"),
 }
 _EFFECTS = {"effect_performed", "effect_replayed", "effect_conflict", "effect_outcome_unknown"}
 #: Signal keywords copied onto the event as ``lease.<name>``.
-_FIELDS = ("reason", "countdown", "holder", "state", "attempt")
+_FIELDS = ("reason", "countdown", "holder", "state", "attempt", "group")
 _MAX_TEXT = 1000
 _STASH = "_lease_otel_run"  # attribute of a delivery's Celery request: its _Run
 _propagator = TraceContextTextMapPropagator()
@@ -257,6 +258,12 @@ def _lease_receiver(signal_name: str) -> Any:
                 attributes["lease.attempts"] = int(lease.attempts)
                 attributes["lease.takeovers"] = int(lease.takeovers)
                 attributes["lease.owner"] = str(lease.owner)
+        refusal = fields.get("refusal")
+        if refusal is not None:  # limit_wait: where the delivery stands in its group
+            attributes["lease.waiting"] = int(refusal.waiting)
+            attributes["lease.running"] = int(refusal.running)
+            if refusal.limit is not None:
+                attributes["lease.limit"] = int(refusal.limit)
         claim = (lease.key, int(lease.token)) if lease is not None else None
         _emit(event, sender, attributes, claim)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .checks import check_ttl
 from .errors import ConfigError, LeaseError
+from .limits import Rate, check_limit_value, parse_rate
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
 from .stores.base import DEFAULT_SWEEP_GRACE
 from .stores.registry import store_class
@@ -57,6 +58,12 @@ class LeaseSettings:
     #: While the lease is renewed, keep the task's message invisible to other consumers
     #: (SQS, kombu's Redis transport: ``lease_celery.worker.visibility``).
     extend_visibility: bool = False
+    #: Key-group limits (``lease_celery.limits``): the group (``lease_limit_key``: a format
+    #: string over the arguments, a callable, or None for the task's name), at most ``limit``
+    #: of it running at once, at most ``rate`` starts (both None: not limited).
+    limit_key: Any = None
+    limit: int | None = None
+    rate: Rate | None = None
 
     def finishes_in_background(self, body_seconds: float) -> bool:
         """Whether a finish nothing waits for goes behind the return, after a body that ran
@@ -113,7 +120,18 @@ def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
     if extend_value is not None and not isinstance(extend_value, bool):
         raise ConfigError(f"lease_extend_visibility ({extend_source}) must be True or False, "
                           f"got {extend_value!r}")
+    limit_value, limit_source = _lookup(app, task, "lease_limit")
+    limit = None if limit_value is None else check_limit_value(
+        limit_value, name=f"lease_limit ({limit_source})")
+    rate_value, rate_source = _lookup(app, task, "lease_rate_limit")
+    rate = None if rate_value is None else parse_rate(
+        rate_value, name=f"lease_rate_limit ({rate_source})")
+    limit_key, limit_key_source = _lookup(app, task, "lease_limit_key")
+    if limit_key is not None and not (isinstance(limit_key, str) or callable(limit_key)):
+        raise ConfigError(f"lease_limit_key ({limit_key_source}) must be a format string, a "
+                          f"callable or None, got {type(limit_key).__name__}")
     return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
+                         limit_key=limit_key, limit=limit, rate=rate,
                          record_at_publish=bool(record_value),
                          extend_visibility=bool(extend_value),
                          policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),

@@ -29,6 +29,8 @@ __all__ = [
     "lease_settled",
     "lease_swept",
     "lease_taken_over",
+    "limit_handed_on",
+    "limit_wait",
     "settle_completed",
     "stale_result_rejected",
 ]
@@ -77,3 +79,8 @@ duplicate_ignored = Signal(name="duplicate_ignored")
 stale_result_rejected = Signal(name="stale_result_rejected")
 #: The lease was given back early (the body raised): ``lease``.
 lease_released = Signal(name="lease_released")
+#: A delivery over its group's limit was parked as the group's waiter, its message acked
+#: (``lease_celery.limits``): ``group``, ``refusal`` (a ``LimitRefused``).
+limit_wait = Signal(name="lease_limit_wait")
+#: A freed slot published a parked delivery of its group again: ``group``, ``waiter``.
+limit_handed_on = Signal(name="lease_limit_handed_on")

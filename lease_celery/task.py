@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from celery.backends.rpc import RPCBackend
 from celery.exceptions import Ignore
@@ -27,8 +27,10 @@ from .errors import (
     ConfigError,
     LeaseCancelled,
     LeaseDead,
+    LeaseDone,
     LeaseError,
     LeaseHeld,
+    LimitReached,
     ResultNotSerializable,
     StoreError,
 )
@@ -36,12 +38,14 @@ from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import finish_in_background
 from .execution.delivery import body_signature, task_info
+from .execution.limited import describe, group_of, hand_on, note_wait, refusal_delay
 from .execution.outage import deferral_reason, finish_waiting, retrying
 from .execution.published import record_at_publish, withdraw
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
 from .identity import execution_owner
 from .keys import KeySpec, check_key_spec, resolve_key
+from .limits import LimitRefused, check_limit_value, parse_rate
 from .models import Lease, LeaseRecord, LeaseState
 from .runtime.claims import InFlight
 from .runtime.handle import LeaseHandle
@@ -96,6 +100,11 @@ class LeasedTask(AttemptEnding):
         ``True``: on SQS and kombu's Redis transport the worker keeps the message invisible
         to other consumers while its lease is renewed (also the setting; see
         ``lease_celery.worker.visibility``).
+    ``lease_limit``, ``lease_rate_limit``, ``lease_limit_key``
+        At most ``lease_limit`` executions of the group run at once, and at most
+        ``lease_rate_limit`` (``"10/s"``) start, across every worker; the group is
+        ``lease_limit_key`` (given like ``lease_key``) or the task's name. A delivery over
+        the limit waits on the store, its message acked (``lease_celery.limits``).
 
     Inside the body, ``self.lease`` is the :class:`~lease_celery.runtime.handle.LeaseHandle`
     (``token``, ``owner``, ``check()``).
@@ -110,6 +119,9 @@ class LeasedTask(AttemptEnding):
     lease_unique: ClassVar[bool] = False
     lease_record_at_publish: ClassVar[bool | None] = None
     lease_extend_visibility: ClassVar[bool | None] = None
+    lease_limit: ClassVar[int | None] = None
+    lease_rate_limit: ClassVar[str | None] = None
+    lease_limit_key: ClassVar[KeySpec] = None
     #: Marks leased tasks for the modules under the gate (``lease_celery.apps.is_leased``).
     __lease_celery_task__: ClassVar[bool] = True
 
@@ -122,8 +134,18 @@ class LeasedTask(AttemptEnding):
             # A plain function stored on a class would be bound as a method and get the task
             # as its first argument; the key callable receives the task's arguments only.
             cls.lease_key = staticmethod(spec)
+        limit_spec = cls.__dict__.get("lease_limit_key")
+        if inspect.isfunction(limit_spec):
+            cls.lease_limit_key = staticmethod(limit_spec)
         if "lease_key" in cls.__dict__ or "run" in cls.__dict__:
             check_key_spec(cls.lease_key, body_signature(cls), where=where)
+        if "lease_limit_key" in cls.__dict__ or "run" in cls.__dict__:
+            check_key_spec(cls.lease_limit_key, body_signature(cls), where=where,
+                           name="lease_limit_key")
+        if cls.__dict__.get("lease_limit") is not None:
+            check_limit_value(cls.__dict__["lease_limit"], name=f"lease_limit of {where}")
+        if cls.__dict__.get("lease_rate_limit") is not None:
+            parse_rate(cls.__dict__["lease_rate_limit"], name=f"lease_rate_limit of {where}")
         for name in ("lease_ttl", "lease_heartbeat_interval"):
             value = cls.__dict__.get(name)
             if value is not None:
@@ -264,16 +286,29 @@ class LeasedTask(AttemptEnding):
         info = None if self.request.called_directly else task_info(
             self, self.request, args, kwargs)
         heartbeat = Heartbeat.for_process()
+        # An answer's key is no work of the group: it runs no body.
+        limit = None if answering else group_of(self, settings, args, kwargs)
         for _ in range(CLAIM_ROUNDS):
             # The heartbeat knows the claim before it is sent: under a green pool a busy
             # neighbour may hold the reply past the ttl, and it then renews the row meanwhile.
             claim = heartbeat.claiming(store, key, owner, ttl=settings.ttl,
                                        heartbeat_interval=settings.heartbeat_interval)
+            lease: Lease | LimitRefused | None
             try:
-                lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
+                if limit is None:
+                    lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
+                else:
+                    # An eager call has no message to park: without task info it is refused
+                    # and raises (LimitReached).
+                    lease = store.claim_limited(
+                        key, owner=owner, ttl=settings.ttl, limit=limit,
+                        task=None if self.request.is_eager else info)
             except BaseException:
                 heartbeat.claimed(claim, None)
                 raise
+            if isinstance(lease, LimitRefused):
+                heartbeat.claimed(claim, None)
+                self._limit_refused(store, key, lease, settings, args, kwargs)
             if lease is not None:
                 return self._admit(store, lease, settings, claim, heartbeat)
             heartbeat.claimed(claim, None)
@@ -295,6 +330,9 @@ class LeasedTask(AttemptEnding):
                             key, record.state.value, record.token, self.request.id)
                 signals.duplicate_ignored.send(sender=self, key=key, state=record.state.value,
                                                record=record)
+                if self.request.called_directly:
+                    # The caller gets no result and no run: say why, not a bare Ignore.
+                    raise _finished_already(record)
                 raise Ignore()
             now = store.now()
             if record.state is LeaseState.READY:
@@ -313,6 +351,18 @@ class LeasedTask(AttemptEnding):
         # Lost the race several times in a row (expiries and takeovers crossing ours).
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
+
+    def _limit_refused(self, store: Store, key: str, refusal: LimitRefused,
+                       settings: LeaseSettings, args: Any, kwargs: Any) -> NoReturn:
+        """The group refused: a parked delivery is acked (``Ignore``: it waits on the
+        store, holding no pool process); one over the rate, or that could not be parked,
+        comes back at the group's next allowed start."""
+        if refusal.parked:
+            note_wait(self, key, refusal)
+            raise Ignore()
+        reached = LimitReached(f"lease {key!r}: {describe(refusal)}")
+        self._defer(key, refusal_delay(refusal, settings, store.now()), settings, args,
+                    kwargs, why=str(reached), eager_error=reached, jitter=False)
 
     def _complete(self, store: Store, record: LeaseRecord, owner: str,
                   settings: LeaseSettings, args: Any, kwargs: Any) -> None:
@@ -441,6 +491,7 @@ class LeasedTask(AttemptEnding):
         settle_within = self._settle_within(settings)
         request = self.request
         if (settle_within is None and settings.finishes_in_background(handle._body_duration)
+                and handle._lease.group is None  # its waiters are handed on from here
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:
@@ -474,10 +525,22 @@ class LeasedTask(AttemptEnding):
         if not accepted:
             self._not_current(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
+        hand_on(self, handle._store, handle._lease.group)
         signals.lease_finished.send(sender=self, key=handle.key, lease=handle._lease,
                                     hold_time=handle._held_for, duration=handle._body_duration)
         return result
 
+
+
+def _finished_already(record: LeaseRecord) -> LeaseError:
+    """What a direct call of a key that is done (or dead) raises instead of running it."""
+    if record.state is LeaseState.DEAD:
+        return LeaseDead(f"lease {record.key!r} is dead with token {record.token} "
+                         f"({record.reason}): the call did not run it; requeue the key to run "
+                         "it again")
+    return LeaseDone(f"lease {record.key!r} is done with token {record.token}: the call did "
+                     f"not run it again (its accepted result is the row's: "
+                     f"store.get({record.key!r}).result); purge the key to run it again")
 
 
 def _settling_after_return(own: Callable[..., Any]) -> Callable[..., Any]:

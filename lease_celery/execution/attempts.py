@@ -21,11 +21,13 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from .. import signals
 from ..errors import LeaseCancelled, LeaseDead, LeaseLost, StoreError
+from ..keys import check_key_spec
 from ..policy import Outcome
 from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 from ..settings import LeaseSettings, resolve_settings
-from .delivery import republish_later
+from .delivery import body_signature, republish_later
+from .limited import hand_on
 from .outage import StoreWait
 
 __all__ = ["AttemptEnding"]
@@ -46,7 +48,13 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
     @classmethod
     def _resolve_lease_settings(cls, app: Any) -> LeaseSettings:
         """Read the task's settings from ``app`` and keep them (the only place that does)."""
-        settings = cls._lease_settings = resolve_settings(app, cls)
+        settings = resolve_settings(app, cls)
+        if isinstance(settings.limit_key, str) and "lease_limit_key" not in cls.__dict__:
+            # The app-wide setting, checked against this task's parameters (a task's own
+            # attribute was checked when the class was made).
+            check_key_spec(settings.limit_key, body_signature(cls), name="lease_limit_key",
+                           where=f"task {getattr(cls, 'name', None) or cls.__name__}")
+        cls._lease_settings = settings
         return settings
 
     @property
@@ -84,7 +92,8 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     def _defer(self, key: str, remaining: float, settings: LeaseSettings, args: Any,
                kwargs: Any, *, why: str, eager_error: Exception,
-               holder: str | None = None, recovery: bool = False) -> NoReturn:
+               holder: str | None = None, recovery: bool = False,
+               jitter: bool = True) -> NoReturn:
         """Re-publish this delivery to run in about ``remaining`` seconds, then ack it.
 
         Used when a live holder has the key (acking a duplicate without re-publishing would
@@ -97,7 +106,8 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             raise eager_error
         # Jitter spreads duplicates so they do not all come back in the same instant.
         countdown = min(max(remaining, 0.05), max(settings.ttl, remaining))
-        countdown += random.uniform(0, settings.ttl / 10)
+        if jitter:  # (a rate's deferral is spread over its own interval: execution.limited)
+            countdown += random.uniform(0, settings.ttl / 10)
         republish_later(self, args, kwargs, countdown, recovery=recovery)
         logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self, key=key, countdown=countdown, holder=holder,
@@ -200,6 +210,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
                              "expire at %s", handle.key, handle.token, handle.expires_at)
             return False
         if released:
+            hand_on(self, handle._store, handle._lease.group)
             signals.lease_released.send(sender=self, key=handle.key, lease=handle._lease,
                                         hold_time=handle._held_for)
             return True
@@ -225,6 +236,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             self.request.lease = handle  # after_return finds it, even when the claim killed
             Heartbeat.for_process().watch(handle)
         if killed:
+            hand_on(self, handle._store, handle._lease.group)
             logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
                          handle._lease.attempts, reason)
             signals.lease_dead.send(sender=self, key=handle.key, lease=handle._lease,

@@ -24,6 +24,7 @@ from ..checks import (
     check_limit,
     check_owner,
     check_ttl,
+    decode_task,
     encode_result,
     encode_task,
 )
@@ -31,6 +32,16 @@ from ..errors import (
     ConfigError,
     LeaseLost,
     StoreError,
+)
+from ..limits import (
+    GroupLimit,
+    LimitGroup,
+    LimitRefused,
+    Rate,
+    Waiter,
+    check_group_limit,
+    check_limit_value,
+    parse_rate,
 )
 from ..models import (
     EffectState,
@@ -49,7 +60,8 @@ if TYPE_CHECKING:
     from ..effects import Effects
 
 __all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Row", "Store", "check_lease",
-           "fence_params", "lease_not_current", "lease_params", "settle_deadline_offset"]
+           "effective_interval", "effective_limit", "fence_params", "group_verdict",
+           "lease_not_current", "lease_params", "settle_deadline_offset"]
 
 Clock = Callable[[], float]
 
@@ -221,6 +233,98 @@ class Store(abc.ABC):
         checkpoint if ``lease`` is still current; False (nothing written) otherwise. The
         checkpoint survives takeovers, retries and requeue; ``finish`` clears it."""
         return self._checkpoint(check_lease(lease), str(data))
+
+    # -- key-group limits (lease_celery.limits) ---------------------------------------------
+
+    def claim_limited(self, key: str, *, owner: str, ttl: float, limit: GroupLimit,
+                      task: Mapping[str, Any] | None = None) -> Lease | LimitRefused | None:
+        """:meth:`claim` ``key`` and a slot of its group in one conditional write, on the
+        store's clock.
+
+        ``None``: the key itself is not claimable (as :meth:`claim`; a waiter entry the key
+        had is dropped). Otherwise the group decides, by the limit and rate in force (an
+        operator's, :meth:`set_limit`, else ``limit``'s, which the group's row records):
+
+        - over the limit (:func:`group_verdict`): refused, and, with ``task``, parked as the
+          group's waiter (once per key, in arrival order; a waiter handed on and refused
+          again keeps its place) until :meth:`hand_on` returns it;
+        - under it but before the group's next allowed start: refused with ``retry_at``;
+        - else granted: the lease carries the group and its slot token (the group's grants
+          so far), the next allowed start moves one interval on, the key's waiter entry goes.
+
+        The slot is the lease: renewed with it, freed by its finish, release or death, and by
+        its expiry (a stalled holder's finish is refused as any expired lease's).
+        """
+        key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
+        limit = check_group_limit(limit)
+        row = self._claim_limited(key, owner, ttl, encode_task(task), check_key(limit.group),
+                                  limit.limit, limit.rate)
+        if row is None:
+            return None
+        if row.get("verdict") in ("limit", "rate"):
+            retry_at = row.get("retry_at")
+            return LimitRefused(
+                group=limit.group, reason=str(row["verdict"]),
+                parked=row["verdict"] == "limit" and task is not None,
+                waiting=int(row.get("waiting") or 0), running=int(row.get("running") or 0),
+                limit=None if row.get("lim") in (None, "") else int(row["lim"]),
+                retry_at=None if retry_at in (None, "") else float(retry_at))
+        return lease_of(key, owner, {**row, "grp": limit.group})
+
+    def hand_on(self, group: str | None = None, *, grace: float = DEFAULT_SWEEP_GRACE,
+                limit: int = 100) -> list[Waiter]:
+        """The waiters to publish again now: in ``group`` (None: every group with waiters),
+        the first ones in arrival order for which a slot is free (all of them once the limit
+        is lifted), except those handed on less than ``grace`` seconds ago (their message is
+        on its way). One conditional write marks them handed. Called by the worker whose
+        finish, release or death freed a slot, right after its write, by the sweeper (a dead
+        holder frees its slot by expiring), and after an operator raised a limit."""
+        rows = self._hand_on(None if group is None else check_key(group),
+                             check_delay(grace, name="grace"), check_limit(limit))
+        return [Waiter(group=str(row["grp"]), key=str(row["key"]),
+                       task=decode_task(row.get("task") or None), since=float(row["since"]))
+                for row in rows]
+
+    def set_limit(self, group: str, *, limit: int | bool | None = None,
+                  rate: Rate | str | bool | None = None, reset: bool = False) -> LimitGroup:
+        """An operator's limit and rate for ``group``, overriding its tasks' until reset:
+        ``limit`` a number, or False to lift it (None: unchanged); ``rate`` as
+        ``lease_rate_limit`` takes it, or False to lift it; ``reset``: back to the tasks'
+        own. Returns the group as it is now. Waiters a raised limit lets run are handed on by
+        :meth:`hand_on` (``celery leases limit`` does it at once)."""
+        group = check_key(group)
+        changes: dict[str, Any] = {}
+        if reset:
+            changes.update(set_limit=None, set_rate=None, set_interval=None)
+        if limit is False:
+            changes["set_limit"] = 0
+        elif limit is not None and limit is not True:
+            changes["set_limit"] = check_limit_value(limit, name="limit")
+        elif limit is True:
+            raise ConfigError("limit must be a whole number >= 1, or False to lift it")
+        if rate is False:
+            changes.update(set_rate="", set_interval=0.0)
+        elif rate is not None and rate is not True:
+            parsed = parse_rate(rate, name="rate")
+            changes.update(set_rate=parsed.text, set_interval=parsed.interval)
+        elif rate is True:
+            raise ConfigError("rate must be a rate such as '10/s', or False to lift it")
+        if not changes:
+            raise ConfigError(f"limit group {group!r}: give a limit, a rate, or reset")
+        self._set_limit(group, changes)
+        found = self.limit_group(group)
+        assert found is not None, "the group's row was just written"
+        return found
+
+    def limits(self, *, limit: int = 100) -> list[LimitGroup]:
+        """The groups the store knows (by name), each with its limit, rate, running and
+        waiting counts now."""
+        return [_limit_group_of(row) for row in self._limits(None, check_limit(limit))]
+
+    def limit_group(self, group: str) -> LimitGroup | None:
+        """One group as :meth:`limits` lists it, or None if the store never saw it."""
+        rows = self._limits(check_key(group), 1)
+        return _limit_group_of(rows[0]) if rows else None
 
     # -- operator actions: conditional on the row's state, not on a lease -------------------
 
@@ -458,6 +562,33 @@ class Store(abc.ABC):
         ``fence``, ``attempts``, ``takeovers``, ``cancel``) or None when refused."""
 
     @abc.abstractmethod
+    def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
+                       limit: int | None, rate: Rate | None) -> Row | None:
+        """The rule of :meth:`claim_limited`, in one transaction that holds the group (its
+        claims are serialised) and reads the clock after taking it. The group's row records
+        ``limit`` and ``rate`` (text and interval) as the task's. None: the key is not
+        claimable (its waiter entry, if any, deleted). Else the row has ``verdict``:
+        ``granted`` with the columns of :meth:`_claim` and ``slot``; ``limit`` (parked when
+        ``task`` is not None) or ``rate``, with ``waiting``, ``running``, ``lim`` (the limit
+        in force) and, for ``rate``, ``retry_at``. The verdict is :func:`group_verdict`'s."""
+
+    @abc.abstractmethod
+    def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
+        """The rule of :meth:`hand_on`: rows ``grp``, ``key``, ``task``, ``since`` of the
+        waiters marked handed (``handed_at`` = now), at most ``limit``."""
+
+    @abc.abstractmethod
+    def _set_limit(self, group: str, changes: dict[str, Any]) -> None:
+        """Create or update the group's row with ``changes`` (``set_limit``: None the task's,
+        0 lifted; ``set_rate``/``set_interval``: None the task's, ''/0 lifted)."""
+
+    @abc.abstractmethod
+    def _limits(self, group: str | None, limit: int) -> list[Row]:
+        """Group rows (only ``group`` if not None) by name: ``grp``, ``task_limit``,
+        ``task_rate``, ``set_limit``, ``set_rate``, ``running``, ``waiting``,
+        ``updated_at``."""
+
+    @abc.abstractmethod
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         """Insert ``key`` as ``ready`` with ``task``, claimable now, due for the sweeper
         ``countdown`` seconds from now; nothing if a row exists (a purged key's tombstone
@@ -601,6 +732,54 @@ class Store(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+
+def group_verdict(*, limit: int | None, interval: float | None, running: int, ahead: int,
+                  tat: float | None, now: float) -> str:
+    """The rule of a limited claim, once: ``limit`` (over the limit), ``rate`` (before the
+    next allowed start ``tat``) or ``granted``.
+
+    ``running``: the group's running rows with unexpired leases (the claimed key's own not
+    among them); ``ahead``: its waiters that come before this delivery (all of them for a
+    key that is not a waiter). A waiter is never overtaken: a newcomer waits while waiters
+    are ahead, and of the waiters, only the first ``limit - running`` may run. The SQLite
+    store applies this function; PostgreSQL and Redis apply the same rule in the store's own
+    code (one function, one script), on the server.
+    """
+    if limit is not None and running + ahead >= limit:
+        return "limit"
+    if interval and tat is not None and tat > now:
+        return "rate"
+    return "granted"
+
+
+def effective_limit(task_limit: Any, set_limit: Any) -> int | None:
+    """The limit in force: an operator's (0: lifted), else the task's (None: no limit)."""
+    if set_limit is not None and set_limit != "":
+        return int(set_limit) or None
+    return None if task_limit is None or task_limit == "" else int(task_limit)
+
+
+def effective_interval(task_interval: Any, set_interval: Any) -> float | None:
+    """Seconds between two starts in force: an operator's (0: lifted), else the task's."""
+    if set_interval is not None and set_interval != "":
+        return float(set_interval) or None
+    return None if task_interval is None or task_interval == "" else float(task_interval)
+
+
+def _limit_group_of(row: Row) -> LimitGroup:
+    set_limit, set_rate = row.get("set_limit"), row.get("set_rate")
+    task_rate = row.get("task_rate") or None
+    limit_set = set_limit is not None and set_limit != ""
+    rate_set = set_rate is not None
+    task_limit = row.get("task_limit")
+    return LimitGroup(
+        group=str(row["grp"]), limit=effective_limit(task_limit, set_limit),
+        rate=(set_rate or None) if rate_set else task_rate,
+        running=int(row.get("running") or 0), waiting=int(row.get("waiting") or 0),
+        task_limit=None if task_limit in (None, "") else int(task_limit),
+        task_rate=task_rate, limit_set=limit_set, rate_set=rate_set,
+        updated_at=None if row.get("updated_at") in (None, "") else float(row["updated_at"]))
 
 
 def check_lease(lease: object) -> Lease:

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreError
 from ..extras import needs
+from ..limits import Rate
 from ..models import EffectState, HistoryEntry, Lease, LeaseState
 from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
@@ -31,12 +32,19 @@ from .sql_glue import (
     SCHEMA_VERSION,
     PerProcess,
     check_schema_version,
+    find_queries,
+    find_query,
     grouped,
     purge_in_batches,
 )
 from .urls import choice_option, number_option, server_address, url_options, whole_option
 
-with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres"):
+# The extra depends on psycopg alone, as psycopg's maintainers advise libraries to: the
+# application chooses its implementation (the system's libpq, or psycopg[binary]).
+with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres",
+           if_broken="psycopg is installed but loads no libpq: install the system's libpq "
+                     "(Debian: apt-get install libpq5) or psycopg's own build: "
+                     "pip install 'psycopg[binary]'"):
     import psycopg
     import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict
@@ -102,6 +110,7 @@ class PostgresStore(Store):
         quoted = '"' + self.schema + '"'
         self._q = {name: sql.replace("{schema}", quoted)
                    for name, sql in load_queries("postgres").items()}
+        self._q.update(find_queries(self._q))
         self._pool: PerProcess[psycopg_pool.ConnectionPool] = PerProcess()
         self._lock = threading.Lock()
 
@@ -150,6 +159,8 @@ class PostgresStore(Store):
             conn.execute(self._q["create_fence"])
             conn.execute(self._q["create_meta"])
             conn.execute(self._q["create_history"])
+            conn.execute(self._q["create_limits"])
+            conn.execute(self._q["create_waiters"])
             row = conn.execute(self._q["get_schema_version"]).fetchone()
             version = None if row is None else int(row[0])
             check_schema_version(version, f"postgres lease store at {self._where}")
@@ -168,6 +179,11 @@ class PostgresStore(Store):
             conn.execute(self._q["create_history_function"])
             conn.execute(self._q["create_history_on_claim"])
             conn.execute(self._q["create_history_on_transition"])
+            conn.execute(self._q["create_slots_index"])
+            conn.execute(self._q["create_live_index"])
+            conn.execute(self._q["create_dead_index"])
+            conn.execute(self._q["create_waiters_order_index"])
+            conn.execute(self._q["create_claim_limited_function"])
             conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def close(self) -> None:
@@ -235,6 +251,39 @@ class PostgresStore(Store):
 
         return self._run(lambda conn: _one(conn, self._q["claim"], params),
                          if_resent=claimed_by)
+
+    def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
+                       limit: int | None, rate: Rate | None) -> Row | None:
+        params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex,
+                              grp=group, limit=limit, rate=None if rate is None else rate.text,
+                              interval=None if rate is None else rate.interval)
+
+        def claimed_by(row: Row | None) -> Row | None:
+            # Refused after a re-send: did the first send win? Its nonce would be on the row.
+            if row is not None:
+                return row
+            won = self._row("claimed_by", params)
+            return None if won is None else {**won, "verdict": "granted"}
+
+        def claim(conn: psycopg.Connection[Any]) -> Row | None:
+            row = _one(conn, self._q["claim_limited"], params)
+            return None if row is None or row["verdict"] is None else row
+
+        return self._run(claim, if_resent=claimed_by)
+
+    def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
+        return self._rows("hand_on", self._params(grp=group, grace=grace, limit=limit))
+
+    def _set_limit(self, group: str, changes: dict[str, Any]) -> None:
+        params = self._params(grp=group, set_limit=changes.get("set_limit"),
+                              set_rate=changes.get("set_rate"),
+                              set_interval=changes.get("set_interval"),
+                              change_limit="set_limit" in changes,
+                              change_rate="set_rate" in changes)
+        self._run(lambda conn: conn.execute(self._q["limit_set"], params))
+
+    def _limits(self, group: str | None, limit: int) -> list[Row]:
+        return self._rows("limits_list", self._params(grp=group, limit=limit))
 
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         params = self._params(key=key, task=task, countdown=countdown)
@@ -333,8 +382,7 @@ class PostgresStore(Store):
 
     def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
               limit: int) -> list[Row]:
-        return self._rows("list", {"state": None if state is None else state.value,
-                                   "prefix": prefix, "owner": owner, "limit": limit})
+        return self._rows(find_query(state), {"prefix": prefix, "owner": owner, "limit": limit})
 
     def _stats(self) -> list[Row]:
         return self._rows("stats", self._params())

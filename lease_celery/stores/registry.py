@@ -66,6 +66,19 @@ _shared: dict[str, Store] = {}
 _shared_lock = threading.Lock()
 
 
+def share_store(store: Store) -> None:
+    """Make ``store`` the one ``shared_store(store.url)`` returns in this process (tests: a
+    scratch store with a manual clock, ``lease_celery.testing.scratch_leases``)."""
+    with _shared_lock:
+        _shared[store.url] = store
+
+
+def unshare_store(url: str) -> None:
+    """Forget the shared store of ``url`` (not closing it)."""
+    with _shared_lock:
+        _shared.pop(url, None)
+
+
 def shared_store(url: str) -> Store:
     """One store object per URL per process, for everything in it that runs tasks (the store
     itself reconnects after fork)."""

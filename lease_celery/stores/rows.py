@@ -37,10 +37,12 @@ def _text(row: Row, column: str) -> str | None:
 
 def lease_of(key: str, owner: str, row: Row) -> Lease:
     """The lease a claim (or a settlement claim) took: its row has ``token``, ``expires_at``,
-    ``fence``, ``attempts``, ``takeovers`` and, for a claim, ``cancel``."""
+    ``fence``, ``attempts``, ``takeovers`` and, for a claim, ``cancel`` (a limited claim's
+    also ``grp`` and ``slot``)."""
     return Lease(key, owner, _count(row, "token"), float(row["expires_at"]), _count(row, "fence"),
                  attempts=_count(row, "attempts"), takeovers=_count(row, "takeovers"),
-                 cancel=_text(row, "cancel"))
+                 cancel=_text(row, "cancel"), group=_text(row, "grp"),
+                 slot=None if _text(row, "slot") is None else _count(row, "slot"))
 
 
 def record_of(row: Row) -> LeaseRecord:

@@ -8,19 +8,55 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from ..errors import StoreError
-from ..models import HistoryEntry
+from ..models import HistoryEntry, LeaseState
 from .base import PURGE_BATCH
 
-__all__ = ["SCHEMA_VERSION", "PerProcess", "check_schema_version", "grouped",
-           "purge_in_batches"]
+__all__ = ["FIND_ARMS", "SCHEMA_VERSION", "PerProcess", "check_schema_version", "find_queries",
+           "find_query", "grouped", "purge_in_batches"]
 
 #: The schema both SQL stores create and migrate to (see their ``_migrate``/``migrate_*``):
 #: 1 leases and effects; 2 the settle phase and the sweeper's index; 3 checkpoints and
 #: cancellation; 4 the history table; 5 the store writes each transition into it itself
-#: (triggers). Every step only adds: no row is rewritten but schema 1's.
-SCHEMA_VERSION = 5
+#: (triggers); 6 key-group limits (the groups' and the waiters' tables, each lease's group and
+#: slot); 7 the live and dead rows' indexes for the operator's reads. Every step only adds: no
+#: row is rewritten but schema 1's.
+SCHEMA_VERSION = 7
 
 _T = TypeVar("_T")
+
+#: What find() reads for each state, as the predicate that names that state's partial index:
+#: ready and running rows through the live index, done ones through the terminal index, dead
+#: ones through their own. Each is repeated verbatim from its index's WHERE (SQLite uses a
+#: partial index only when the query holds that very term); the second term picks the state.
+FIND_ARMS: dict[LeaseState, str] = {
+    LeaseState.READY: "state IN ('ready', 'running') AND state = 'ready'",
+    LeaseState.RUNNING: "state IN ('ready', 'running') AND state = 'running'",
+    LeaseState.DONE: "state IN ('done', 'dead') AND state = 'done'",
+    LeaseState.DEAD: "state = 'dead'",
+}
+#: find() without a state: the ready arm, the running arm and every settled row.
+_SETTLED = "state IN ('done', 'dead')"
+
+
+def find_query(state: LeaseState | None) -> str:
+    """The name of find()'s statement for ``state`` (None: any) among a dialect's queries,
+    once :func:`find_queries` has added them."""
+    return "find_any" if state is None else f"find_{state.value}"
+
+
+def find_queries(queries: dict[str, str]) -> dict[str, str]:
+    """find()'s statements, by :func:`find_query` name, from a dialect's ``list_arm`` (one
+    index, newest first) and ``list_merge`` (the newest of the arms' newest) templates."""
+    def arm(where: str) -> str:
+        return queries["list_arm"].replace("{where}", where)
+
+    found = {find_query(state): arm(where) for state, where in FIND_ARMS.items()}
+    found[find_query(None)] = (queries["list_merge"]
+                               .replace("{ready}", arm(FIND_ARMS[LeaseState.READY]))
+                               .replace("{running}", arm(FIND_ARMS[LeaseState.RUNNING]))
+                               .replace("{settled}", arm(_SETTLED)))
+    return found
+
 
 #: Connections and pools made before fork(): the parent's, never used or closed by a child
 #: (SQLite's locks are per process; a libpq socket shared by two processes interleaves their

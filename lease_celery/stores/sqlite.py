@@ -22,13 +22,27 @@ from urllib.parse import unquote, urlsplit
 
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreBusy, StoreError
+from ..limits import Rate
 from ..models import EffectState, HistoryEntry, Lease, LeaseState
-from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
+from .base import (
+    Clock,
+    Row,
+    Store,
+    check_lease,
+    effective_interval,
+    effective_limit,
+    fence_params,
+    group_verdict,
+    lease_not_current,
+    lease_params,
+)
 from .queries import load_queries
 from .sql_glue import (
     SCHEMA_VERSION,
     PerProcess,
     check_schema_version,
+    find_queries,
+    find_query,
     grouped,
     purge_in_batches,
 )
@@ -38,7 +52,8 @@ __all__ = ["SQLiteStore"]
 
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
-_Q = load_queries("sqlite")
+_Q = {**load_queries("sqlite")}
+_Q.update(find_queries(_Q))
 
 
 def _row(row: sqlite3.Row | None) -> Row | None:
@@ -148,6 +163,9 @@ class SQLiteStore(Store):
             conn.execute(_Q["create_history_on_claim"])
             conn.execute(_Q["create_history_on_transition"])
             conn.execute(_Q["create_meta"])
+            conn.execute(_Q["create_limits"])
+            conn.execute(_Q["create_waiters"])
+            conn.execute(_Q["create_waiters_order_index"])
             row = conn.execute(_Q["get_schema_version"]).fetchone()
             check_schema_version(None if row is None else int(row[0]),
                                  f"sqlite store {self.path!r}")
@@ -155,6 +173,9 @@ class SQLiteStore(Store):
                 self._migrate(conn, from_version=int(row[0]))
             conn.execute(_Q["create_sweep_index"])
             conn.execute(_Q["create_terminal_index"])
+            conn.execute(_Q["create_slots_index"])
+            conn.execute(_Q["create_live_index"])
+            conn.execute(_Q["create_dead_index"])
             if row is None or int(row[0]) != SCHEMA_VERSION:
                 conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
             conn.execute("COMMIT")
@@ -167,11 +188,14 @@ class SQLiteStore(Store):
         """In the setup's transaction, from any older schema (``sql_glue.SCHEMA_VERSION``
         says what each added): the columns it lacks; schema 1's rows get their sweep time."""
         columns = {name for (name,) in conn.execute(_Q["table_columns"])}
-        for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel"):
+        for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel", "grp",
+                       "slot"):
             if column not in columns:
                 conn.execute(_Q[f"migrate_{column}"])
         if from_version < 2:
             conn.execute(_Q["migrate_fill_sweep_at"])
+        if from_version < 7:
+            conn.execute(_Q["drop_terminal_index"])  # made again below, with the state
 
     def close(self) -> None:
         with self._lock:
@@ -232,13 +256,101 @@ class SQLiteStore(Store):
 
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
         def body(conn: sqlite3.Connection, now: float) -> Row | None:
-            row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
-                                             "expires_at": now + ttl, "task": task}).fetchone()
-            if row is not None:
-                conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
-            return _row(row)
+            return self._claim_in(conn, now, key, owner, ttl, task)
 
         return self._write(body)
+
+    @staticmethod
+    def _claim_in(conn: sqlite3.Connection, now: float, key: str, owner: str, ttl: float,
+                  task: str | None, group: str | None = None,
+                  slot: int | None = None) -> Row | None:
+        row = conn.execute(_Q["claim"], {"key": key, "owner": owner, "now": now,
+                                         "expires_at": now + ttl, "task": task, "grp": group,
+                                         "slot": slot}).fetchone()
+        if row is not None:
+            conn.execute(_Q["bump_fence"])  # the fence the row took is now spent
+        return _row(row)
+
+    def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
+                       limit: int | None, rate: Rate | None) -> Row | None:
+        params: dict[str, Any] = {
+            "grp": group, "key": key, "task": task, "limit": limit,
+            "rate": None if rate is None else rate.text,
+            "interval": None if rate is None else rate.interval}
+
+        def body(conn: sqlite3.Connection, now: float) -> Row | None:
+            # BEGIN IMMEDIATE holds the only write lock: the group's claims are serialised.
+            bound = {**params, "now": now}
+            # (Raw columns: SQLite 3.40 answers NULL for a CASE over them in this RETURNING.)
+            task_limit, set_limit, task_interval, set_interval, tat, slots = conn.execute(
+                _Q["limit_upsert"], bound).fetchone()
+            lim = effective_limit(task_limit, set_limit)
+            interval = effective_interval(task_interval, set_interval)
+            if conn.execute(_Q["key_held"], bound).fetchone() is not None:
+                conn.execute(_Q["waiter_drop"], bound)
+                return None
+            running = conn.execute(_Q["group_running"], bound).fetchone()[0]
+            ahead = conn.execute(_Q["waiters_ahead"], bound).fetchone()[0]
+            verdict = group_verdict(limit=lim, interval=interval, running=running,
+                                    ahead=ahead, tat=tat, now=now)
+            if verdict == "limit":
+                if task is not None and conn.execute(_Q["waiter_park"], bound).rowcount:
+                    conn.execute(_Q["group_seq_bump"], bound)
+                waiting = conn.execute(_Q["waiter_count"], bound).fetchone()[0]
+                return {"verdict": verdict, "running": running, "lim": lim,
+                        "waiting": waiting}
+            if verdict == "rate":
+                return {"verdict": verdict, "running": running, "lim": lim, "retry_at": tat}
+            row = self._claim_in(conn, now, key, owner, ttl, task, group, slots + 1)
+            if row is None:  # cannot happen under the write lock; refused as the key's
+                return None
+            conn.execute(_Q["group_granted"], {**bound, "interval": interval})
+            conn.execute(_Q["waiter_drop"], bound)
+            return {**row, "verdict": verdict}
+
+        return self._write(body)
+
+    def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
+        # Read first: the sweeper asks on every sweep, and a store without waiters (most)
+        # should not take the file's only write lock for it.
+        if group is None and not self._read(lambda conn: conn.execute(
+                _Q["groups_waiting"], {"limit": 1}).fetchone()):
+            return []
+
+        def body(conn: sqlite3.Connection, now: float) -> list[Row]:
+            groups = ([group] if group is not None else
+                      [g for (g,) in conn.execute(_Q["groups_waiting"], {"limit": limit})])
+            handed: list[Row] = []
+            for grp in groups:
+                found = conn.execute(_Q["group_limit"], {"grp": grp}).fetchone()
+                lim = None if found is None else effective_limit(*found)
+                free = limit - len(handed)
+                if lim is not None:
+                    running = conn.execute(_Q["group_running"], {
+                        "grp": grp, "now": now, "key": ""}).fetchone()[0]
+                    free = min(free, lim - running)
+                if free <= 0:
+                    continue
+                for row in conn.execute(_Q["waiters_first"], {"grp": grp, "limit": free}
+                                        ).fetchall():
+                    if row["handed_at"] is None or row["handed_at"] <= now - grace:
+                        conn.execute(_Q["waiter_handed"], {"grp": grp, "key": row["key"],
+                                                           "now": now})
+                        handed.append(dict(row))
+            return handed
+
+        return self._write(body)
+
+    def _set_limit(self, group: str, changes: dict[str, Any]) -> None:
+        params = {"grp": group, "set_limit": changes.get("set_limit"),
+                  "set_rate": changes.get("set_rate"),
+                  "set_interval": changes.get("set_interval"),
+                  "change_limit": "set_limit" in changes, "change_rate": "set_rate" in changes}
+        self._write(lambda conn, now: conn.execute(_Q["limit_set"], {**params, "now": now}))
+
+    def _limits(self, group: str | None, limit: int) -> list[Row]:
+        return [dict(row) for row in self._read(lambda conn: conn.execute(
+            _Q["limits_list"], {"grp": group, "limit": limit, "now": self._now()}).fetchall())]
 
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["record_published"], {
@@ -319,10 +431,9 @@ class SQLiteStore(Store):
 
     def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
               limit: int) -> list[Row]:
-        params = {"state": None if state is None else state.value, "prefix": prefix,
-                  "owner": owner, "limit": limit}
+        params = {"prefix": prefix, "owner": owner, "limit": limit}
         return [dict(row) for row in self._read(
-            lambda conn: conn.execute(_Q["list"], params).fetchall())]
+            lambda conn: conn.execute(_Q[find_query(state)], params).fetchall())]
 
     def _stats(self) -> list[Row]:
         return [dict(row) for row in self._read(

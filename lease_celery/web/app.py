@@ -240,7 +240,7 @@ class WebApp:
         if path == "/":
             return pages.overview(view)
         lists = {"/running": pages.running, "/events": pages.events, "/dead": pages.dead,
-                 "/reconcile": pages.reconcile}
+                 "/reconcile": pages.reconcile, "/limits": pages.limits}
         if path in lists:
             return lists[path](view, limit=limit)
         if path == "/key":

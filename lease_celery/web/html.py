@@ -21,7 +21,8 @@ __all__ = ["Safe", "ago", "h", "join", "json_block", "layout", "link", "table", 
 MAX_JSON_CHARS = 20_000
 
 NAV = [("/", "Overview"), ("/running", "Running"), ("/events", "Takeovers & refusals"),
-       ("/dead", "Dead"), ("/reconcile", "Reconciliation"), ("/key", "Find a key")]
+       ("/dead", "Dead"), ("/reconcile", "Reconciliation"), ("/limits", "Limits"),
+       ("/key", "Find a key")]
 
 
 class Safe(str):

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..limits import LimitGroup
 from ..models import EffectState, HistoryEntry, LeaseRecord, LeaseState, Receipt
 from ..stores.base import Store
 from .html import Safe, ago, h, join, json_block, link, table, url, when
 from .timeline import timeline_svg
 
-__all__ = ["Page", "View", "dead", "events", "key_page", "lookup", "overview", "receipt_page",
-           "reconcile", "running"]
+__all__ = ["Page", "View", "dead", "events", "key_page", "limits", "lookup", "overview",
+           "receipt_page", "reconcile", "running"]
 
 #: Events listed as "recent takeovers and stale refusals".
 INCIDENTS = ("taken_over", "stale_refused")
@@ -112,6 +113,15 @@ def _event_table(view: View, entries: Sequence[HistoryEntry], now: float, *,
     return table(headers, rows, empty="nothing recorded", cls="events")
 
 
+def _limits_table(groups: Sequence[LimitGroup], now: float) -> Safe:
+    rows = [[g.group, "–" if g.limit is None else g.limit, g.rate or "–", g.running,
+             Safe(f'<span class="bad">{g.waiting}</span>') if g.waiting else 0,
+             ", ".join(g.overridden) or "–",
+             when(g.updated_at, now)] for g in groups]
+    return table(["group", "limit", "rate", "running", "waiting", "set by an operator",
+                  "changed"], rows, empty="no limit groups", cls="limits")
+
+
 def _counts(view: View) -> Safe:
     stats = view.store.stats()
     rows = [[Safe(f'<span class="st st-{state.value}">{h(state.value)}</span>'),
@@ -135,8 +145,20 @@ def overview(view: View, *, limit: int = 10) -> Page:
             view, store.find(state=LeaseState.RUNNING, limit=limit), now), "/running", view),
         _section("Recent takeovers and stale refusals", _event_table(
             view, store.recent_history(events=INCIDENTS, limit=limit), now), "/events", view),
+        _section("Limit groups", _limits_table(store.limits(limit=limit), now), "/limits",
+                 view),
     ])
     return Page("Overview", body)
+
+
+def limits(view: View, *, limit: int = 100) -> Page:
+    now = view.store.now()
+    intro = Safe('<p class="help">Key-group limits: at most <i>limit</i> of a group run at '
+                 "once, at most <i>rate</i> start; deliveries over the limit wait on the "
+                 "store in arrival order, holding no worker. <code>celery leases limit GROUP "
+                 "--limit N</code> changes a limit without a deploy.</p>")
+    return Page("Limit groups", join([intro, _limits_table(view.store.limits(limit=limit),
+                                                             now)]))
 
 
 def running(view: View, *, limit: int = 100) -> Page:

@@ -9,7 +9,9 @@ every row that is not terminal is re-published when nobody will run it otherwise
 - settling past its settle deadline: its owner died before Celery stored the outcome (the
   re-published delivery completes it: result and callbacks, same ids);
 - ``ready`` and unclaimed ``lease_sweep_grace`` seconds after it became claimable: its retry
-  or re-published message was lost.
+  or re-published message was lost;
+- a parked delivery of a limit group with a free slot, not handed on within a grace period
+  (the slot's holder died: it freed the slot by expiring, and handed nothing on).
 
 A row written at publish (``lease_record_at_publish``) and never claimed may only be waiting
 behind the backlog of its queue: it is not re-published while the broker says that queue is
@@ -39,7 +41,9 @@ from .. import signals
 from ..apps import leased_tasks
 from ..errors import LeaseError
 from ..execution.delivery import republish
+from ..execution.limited import publish_waiters
 from ..execution.recovery import queue_of
+from ..limits import Waiter
 from ..models import LeaseRecord, LeaseState
 from ..runtime import green, history
 from ..settings import retention, sweep_grace
@@ -102,6 +106,9 @@ class SweepReport:
     no_task: list[LeaseRecord] = field(default_factory=list)
     #: Ready rows left for a later sweep because their queue still holds messages (how many).
     waiting: list[tuple[LeaseRecord, int]] = field(default_factory=list)
+    #: Parked deliveries of limit groups with a free slot nobody handed on (its holder died,
+    #: or a hand-on's publish was lost), published again.
+    handed_on: list[Waiter] = field(default_factory=list)
 
 
 def sweep(app: Any, store: Store, *, limit: int = 100, grace: float | None = None,
@@ -152,6 +159,9 @@ def sweep_report(app: Any, store: Store, *, limit: int = 100, grace: float | Non
         _note_swept(store, record)
         signals.lease_swept.send(sender=app, key=record.key, record=record)
         report.republished.append(record)
+    # A holder that died frees its slot by expiring: nobody hands its group's waiters on.
+    report.handed_on.extend(publish_waiters(app, store.hand_on(grace=grace, limit=limit),
+                                            **options))
     return report
 
 

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from lease_celery import LeaseState, open_store
+from lease_celery import Lease, LeaseState, LimitRefused, open_store
+from lease_celery.limits import GroupLimit
+from lease_celery.stores.sql_glue import SCHEMA_VERSION
 from lease_celery.testing import ManualClock
 from tests.support.servers import PG_DSN, postgres_reachable, require
 
@@ -61,6 +63,15 @@ def check_migrated(url: str) -> None:
         # Schema 5: the migrated store writes the transitions into the history itself.
         assert [(e.event, e.token, e.detail) for e in store.history("running")] == [
             ("taken_over", 3, "the lease of w (token 2) had lapsed"), ("finished", 3, None)]
+        # Schema 6: key-group limits on the migrated rows (a slot, a waiter, a hand-on).
+        group = GroupLimit("migrated", limit=1)
+        slot = store.claim_limited("limited", owner="w", ttl=10, limit=group)
+        assert isinstance(slot, Lease) and slot.slot == 1
+        waiting = store.claim_limited("new", owner="w", ttl=10, limit=group,
+                                      task={"task": "t", "args": []})
+        assert isinstance(waiting, LimitRefused) and waiting.parked
+        assert store.finish(slot, None)
+        assert [w.key for w in store.hand_on("migrated")] == ["new"]
 
 
 def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
@@ -74,7 +85,18 @@ def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
     conn.close()
     check_migrated(f"sqlite:///{path}")
     with sqlite3.connect(path) as again:
-        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == ("5",)
+        assert again.execute("SELECT value FROM lease_celery_meta").fetchone() == (
+            str(SCHEMA_VERSION),)
+        indexes = {name for (name,) in again.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert indexes >= MIGRATED_INDEXES, indexes
+
+
+#: The partial indexes every migrated store has: the sweeper's, retention's, the limit groups'
+#: (schema 6) and the operator reads' (schema 7).
+MIGRATED_INDEXES = {"lease_celery_leases_sweep", "lease_celery_leases_terminal",
+                    "lease_celery_leases_slots", "lease_celery_leases_live",
+                    "lease_celery_leases_dead"}
 
 
 @pytest.fixture
@@ -108,5 +130,5 @@ def test_postgres_schema_1_is_migrated(old_postgres: str) -> None:
         row = conn.execute(f'SELECT value FROM "{schema}".lease_celery_meta').fetchone()
         indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
                                (schema,)).fetchall()
-    assert row == ("5",)
-    assert ("lease_celery_leases_sweep",) in indexes
+    assert row == (str(SCHEMA_VERSION),)
+    assert {name for (name,) in indexes} >= MIGRATED_INDEXES, indexes

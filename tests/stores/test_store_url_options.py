@@ -40,6 +40,7 @@ from lease_celery import (
     StoreError,
     open_store,
 )
+from lease_celery.limits import GroupLimit
 from lease_celery.models import HistoryEntry
 from lease_celery.stores.registry import store_class
 from tests.support.proxy import cuttable_proxy
@@ -272,6 +273,12 @@ RECIPES: dict[str, Callable[[Store], object]] = {
                                                state=EffectState.DONE, result="1"),
     "effect_restart": lambda s: s.effect_restart("walk:effect", version=1, lease=LEASE),
     "effect_delete": lambda s: s.effect_delete("walk:effect", version=1),
+    "claim_limited": lambda s: s.claim_limited("walk:l", owner="walker", ttl=10,
+                                               limit=GroupLimit("walk", limit=2)),
+    "hand_on": lambda s: s.hand_on("walk"),
+    "set_limit": lambda s: s.set_limit("walk", limit=3),
+    "limits": lambda s: s.limits(),
+    "limit_group": lambda s: s.limit_group("walk"),
     "now": lambda s: s.now(),
     "epoch": lambda s: s.epoch(),
     "reset_epoch": _reset_epoch,

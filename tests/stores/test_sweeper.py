@@ -34,3 +34,29 @@ def test_failed_republish_is_retried_by_the_next_sweep(store_url: str) -> None:
         clock.advance(10)
         assert [r.token for r in sweep(app, store)] == [token_base(store) + 2]
         assert len(published(queue)) == 2
+
+
+def test_a_dead_slot_holders_waiters_are_handed_on_by_the_sweep(store_url: str) -> None:
+    """A limit group's holder dies: nobody hands its waiters on. Once its lease expires, a
+    sweep publishes the first waiter (and the dead holder's own task), and, should that
+    message be lost, publishes it again a grace period later, not before."""
+    from lease_celery.limits import GroupLimit
+    from lease_celery.worker.sweeper import sweep_report
+
+    clock = ManualClock(1_000.0)
+    group = GroupLimit("tenant:7", limit=1)
+    waiter = {**TASK, "args": [43], "options": {"task_id": "t-43"}}
+    with own_queue() as queue, open_store(store_url, clock=clock) as store:
+        app = publishing_app(queue)
+        assert store.claim_limited("build:42", owner="dead-worker", ttl=10, limit=group,
+                                   task=TASK) is not None
+        refused = store.claim_limited("build:43", owner="w", ttl=10, limit=group, task=waiter)
+        assert refused is not None and getattr(refused, "parked", False)
+        assert sweep_report(app, store).handed_on == []  # the slot is still held
+        clock.advance(10)
+        report = sweep_report(app, store, grace=60)
+        assert [w.key for w in report.handed_on] == ["build:43"]
+        assert sorted(m["id"] for m in published(queue)) == ["t-42", "t-43"]
+        assert sweep_report(app, store, grace=60).handed_on == []  # within the grace
+        clock.advance(61)
+        assert [w.key for w in sweep_report(app, store, grace=60).handed_on] == ["build:43"]

@@ -16,7 +16,7 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from lease_celery import EffectState, LeaseState, Store, open_store
+from lease_celery import EffectState, GroupLimit, Lease, LeaseState, LimitRefused, Store, open_store
 from lease_celery.errors import ConfigError, EffectOutcomeUnknown
 from lease_celery.stores.urls import redact
 from lease_celery.web import WebApp, make_app
@@ -29,6 +29,7 @@ from tests.support.tokens import token_base
 TOKEN = "operator-token-0123456789"
 EVIL_KEY = "report:<script>alert('key')</script>/a?b=1&c#d \"q\""
 EVIL_REASON = "<script>alert('reason')</script> & <b>bold</b>"
+EVIL_GROUP = "tenant:<img src=x>"
 EFFECT = "publish:<script>alert('effect')</script>:v1"
 
 
@@ -127,6 +128,12 @@ def _populate(store: Store) -> None:
     with pytest.raises(EffectOutcomeUnknown):
         store.effects.once(EFFECT, {"report": "<script>"}, unknown, lease=lease)
     assert store.kill(lease, reason=EVIL_REASON)
+    # A limit group named like a tag, one slot held and one delivery waiting.
+    group = GroupLimit(EVIL_GROUP, limit=1)
+    assert isinstance(store.claim_limited("lim:1", owner="w1:1:aa/3", ttl=600, limit=group),
+                      Lease)
+    assert isinstance(store.claim_limited("lim:2", owner="w1:1:aa/4", ttl=600, limit=group,
+                                          task={"task": "t", "args": []}), LimitRefused)
 
 
 def _operator_events(store: Store, key: str) -> list[str]:
@@ -157,6 +164,10 @@ def test_every_page_renders_with_its_data(store: Store, app: WebApp) -> None:
     assert dead.status == 200 and "&lt;b&gt;bold&lt;/b&gt;" in dead.text
     queue = client.get("/reconcile")
     assert queue.status == 200
+    limits = client.get("/limits")
+    assert limits.status == 200 and "Key-group limits" in limits.text
+    assert "&lt;img src=x&gt;" in limits.text and ">1</td><td>–</td><td>1</td>" in limits.text
+    assert "Limit groups" in overview.text
     receipt = store.effects.get(EFFECT)
     assert receipt is not None and receipt.fingerprint[:16] in queue.text
     detail = client.get("/receipt", key=EFFECT)
@@ -185,6 +196,7 @@ def test_keys_reasons_and_details_are_escaped_everywhere(store: Store, app: WebA
     _populate(store)
     client = Client(app)
     for path, query in [("/", {}), ("/dead", {}), ("/reconcile", {}), ("/events", {}),
+                        ("/limits", {}),
                         ("/key", {"key": EVIL_KEY}), ("/key", {"key": "run:1"}),
                         ("/receipt", {"key": EFFECT})]:
         reply = client.request("GET", path, query)

@@ -516,3 +516,43 @@ def stepper(self: LeasedTask, job_id: str, steps: int, pause: float) -> dict[str
         record("step", job_id=job_id, step=step, token=lease.token)
         lease.checkpoint({"done": step})
     return {"job_id": job_id, "token": lease.token, "steps": steps}
+
+
+def _limited_run(task: LeasedTask, job_id: str, group: str, seconds: float) -> dict[str, Any]:
+    """A limited body: journal its start and end on the store's clock, with its token and
+    slot, sleeping ``seconds`` unchecked (a holder stopped past its ttl finishes late, and its
+    finish is refused)."""
+    lease = task.lease
+    slot = lease._lease.slot
+    record("limited_start", job_id=job_id, group=group, token=lease.token, slot=slot,
+           task_id=task.request.id, at=task.lease_store.now())
+    time.sleep(seconds)
+    record("limited_end", job_id=job_id, group=group, token=lease.token, slot=slot,
+           at=task.lease_store.now())
+    return {"job_id": job_id, "token": lease.token, "slot": slot}
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", lease_limit=2,
+          lease_limit_key="group:{group}", ignore_result=True)
+def limited(self: LeasedTask, job_id: str, group: str, seconds: float = 1.0) -> dict[str, Any]:
+    """At most two of a group at once (``lease_limit = 2``, the group an argument)."""
+    return _limited_run(self, job_id, group, seconds)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", lease_limit=1,
+          lease_limit_key="one:{group}", ignore_result=True)
+def limited_one(self: LeasedTask, job_id: str, group: str,
+                seconds: float = 1.0) -> dict[str, Any]:
+    """One of a group at a time (``lease_limit = 1``)."""
+    return _limited_run(self, job_id, group, seconds)
+
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}", lease_rate_limit="4/s",
+          ignore_result=True)
+def rated(self: LeasedTask, job_id: str, group: str = "rated") -> dict[str, Any]:
+    """At most 4 starts per second across every worker (the group: the task's name)."""
+    return _limited_run(self, job_id, group, 0.0)
+
+
+for _name in ("limit_wait", "limit_handed_on"):
+    _journal_signal(_name)

@@ -84,8 +84,9 @@ class WorkerPool:
 
     def start(self, name: str, *, concurrency: int = 2, ready_timeout: float = 30.0,
               extra_env: dict[str, str] | None = None, app: str = "tests.support.worker_app",
-              pool: str = "prefork") -> Worker:
-        """``celery -A app worker -P pool`` on this pool's queue; returns once it is ready."""
+              pool: str = "prefork", queue: str | None = None) -> Worker:
+        """``celery -A app worker -P pool`` on ``queue`` (default this pool's queue); returns
+        once it is ready."""
         log = self.tmp / f"worker-{name}.log"
         env = {**os.environ, **self.env, **(extra_env or {}),
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -94,7 +95,7 @@ class WorkerPool:
         cmd = [sys.executable, "-m", "celery", "-A", app, "worker",
                "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", *fair,
                "--without-gossip", "--without-mingle", "--without-heartbeat",
-               "-l", "info", "-Q", self.env["LEASE_TEST_QUEUE"]]
+               "-l", "info", "-Q", queue or self.env["LEASE_TEST_QUEUE"]]
         with log.open("wb") as out:
             process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True)

@@ -9,6 +9,7 @@ in process (``CliRunner``), which fills in its default app exactly as the progra
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ COMMANDS: dict[str, list[str]] = {
     "list": [], "show": ["k"], "history": ["k"], "release": ["k"], "cancel": ["k"],
     "requeue": ["k"], "purge": ["--older-than", "1d"], "stats": [], "sweep": [],
     "doctor": [], "web": ["--port", "0"], "reset-epoch": ["--accept-data-loss"],
+    "limits": [], "limit": ["g", "--limit", "2"],
 }
 
 
@@ -194,7 +196,7 @@ def test_sweep_counts_a_failed_publish_as_a_failure(sqlite_url: str, tmp_path: P
     assert "Traceback" not in proc.stderr, proc.stderr
     data = run_cli(["--json", "sweep"], env=env, cwd=tmp_path, program=program)
     assert data.returncode == 1
-    assert parse_json(data) == {"swept": [], "failed": ["job:x"], "no_task": []}
+    assert parse_json(data) == {"swept": [], "failed": ["job:x"], "no_task": [], "handed_on": []}
 
 
 def test_a_bad_app_setting_is_one_line(sqlite_url: str, tmp_path: Path) -> None:
@@ -301,3 +303,28 @@ def test_a_malformed_store_url_is_one_line(url: str, cli: Cli) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--limit", "0"], "--limit must be a whole number >= 1"),
+    (["--limit", "-3"], "--limit must be a whole number >= 1"),
+    (["--limit", "2.5"], "--limit must be a whole number >= 1"),
+    (["--rate", "ten"], "--rate must be a rate such as '10/s'"),
+    ([], "give --limit N, --rate R or --reset"),
+])
+def test_leases_limit_refuses_bad_input_naming_the_option(
+        args: list[str], message: str, sqlite_url: str) -> None:
+    """``leases limit`` with a bad value: one line naming the option, exit 2, nothing written
+    (the group is not listed after)."""
+    base = ["-A", "tests.support.worker_app", "leases", "--store", sqlite_url]
+    result = CliRunner().invoke(celery_program, [*base, "limit", "tenant:1", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+    listed = CliRunner().invoke(celery_program, [*base, "limits", "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.output) == [], listed.output
+    done = CliRunner().invoke(celery_program, [*base, "limit", "tenant:1", "--limit", "none",
+                                               "--rate", "5/m", "--json"])
+    assert done.exit_code == 0, done.output
+    group = json.loads(done.output)
+    assert (group["limit"], group["limit_set"], group["rate"]) == (None, True, "5/m")

@@ -138,7 +138,7 @@ print(before, once, ours())
 #: CONTRIBUTING.md draws the same picture; a new module has to be placed here.
 LAYERS: list[tuple[str, set[str]]] = [
     ("basic types", {"errors", "models", "checks", "extras", "identity", "signals", "policy",
-                     "keys", "fencing", "apps", "names"}),
+                     "keys", "fencing", "apps", "names", "limits"}),
     ("stores", {"stores", "stores.base", "stores.rows", "stores.urls", "stores.registry",
                 "stores.queries", "stores.sql_glue", "stores.sqlite", "stores.postgres",
                 "stores.redis", "stores.redis.store", "stores.redis.lua",
@@ -149,11 +149,12 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the task's path", {"task", "execution", "execution.attempts", "execution.background",
                          "execution.settle", "execution.answers", "execution.unique",
                          "execution.delivery", "execution.outage", "execution.published",
-                         "execution.recovery"}),
+                         "execution.recovery", "execution.limited"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
                          "beat", "wiring", "metrics"}),
-    ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "web", "web.app",
+    ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "pytest_plugin", "web",
+               "web.app",
                "web.pages", "web.html", "web.timeline", "web.serve"}),
 ]
 

@@ -3,6 +3,7 @@ and the confirmation that a subclass's own ``after_return`` cannot skip."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery, group
@@ -143,5 +144,10 @@ def _run_quiet_and_linked(app: Celery, quiet: Any, sqlite_url: str) -> None:
         link = app.signature("proj.callback")
         _trace(app, quiet, "t-linked", (2,), callbacks=[dict(link)])
         Heartbeat.for_process().flush_settles()
-        record = store.get("unit:2")
+        # (A sender thread may have taken the confirmation just before the flush, and still
+        # be writing it: under load that took a moment, and the row was read before it.)
+        deadline = time.monotonic() + 5.0
+        while (record := store.get("unit:2")) is not None and record.settling \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert record is not None and record.state.value == "done" and not record.settling

@@ -18,6 +18,8 @@ from celery import Celery
 from lease_celery import (
     ConfigError,
     InvalidKey,
+    LeaseDead,
+    LeaseDone,
     LeasedTask,
     LeaseError,
     LeaseHeld,
@@ -235,6 +237,31 @@ def test_direct_call_runs_under_a_lease(sqlite_url: str) -> None:
         _ = job.lease  # nothing left behind on the shared default request
     record = open_store(sqlite_url).get("direct:5")
     assert record is not None and record.state is LeaseState.DONE and record.result == 1
+
+
+def test_a_direct_call_of_a_finished_key_says_what_happened(sqlite_url: str) -> None:
+    """A direct call on a key already done raises ``LeaseDone`` naming the key and its token
+    (not a bare ``celery.exceptions.Ignore``), and runs nothing; on a dead key, ``LeaseDead``
+    with its reason."""
+    app = make_app(sqlite_url)
+    runs: list[int] = []
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="direct:{n}")
+    def job(self: LeasedTask, n: int) -> int:
+        runs.append(n)
+        return n
+
+    assert job(1) == 1
+    with pytest.raises(LeaseDone, match=r"lease 'direct:1' is done with token 1: the call did "
+                                        r"not run it again"):
+        job(1)
+    assert runs == [1]
+    with open_store(sqlite_url) as store:
+        lease = store.claim("direct:2", owner="w", ttl=30)
+        assert lease is not None and store.kill(lease, reason="gave up")
+    with pytest.raises(LeaseDead, match=r"lease 'direct:2' is dead with token 1 \(gave up\)"):
+        job(2)
+    assert runs == [1]
 
 
 def test_done_key_is_ignored_and_held_key_raises_when_eager(sqlite_url: str) -> None:

@@ -59,8 +59,8 @@ def _third_party(module: str) -> Any:
     """Import a package of the test extra: fail under CI, skip elsewhere."""
     if os.environ.get("CI", "").lower() == "true":
         return __import__(module)
-    return pytest.importorskip(module, reason=f"{module} is not installed: pip install -e "
-                               "'.[test]'")
+    return pytest.importorskip(module, reason=f"{module} is not installed: pip install -e . "
+                               "--group test")
 
 
 _third_party("redbeat")

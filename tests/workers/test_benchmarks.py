@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_store_cycle_benchmark_runs_on_every_store() -> None:
     """``benchmarks/store_cycle.py`` with tiny bursts prints, per store, cycles/s through the
-    library, on the raw driver and for the minimal pair, and the two ratios."""
+    library, on the raw driver, for the minimal pair and with a limited claim, and the
+    ratios."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
@@ -29,10 +30,11 @@ def test_store_cycle_benchmark_runs_on_every_store() -> None:
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert re.search(r"^store\s+library cycles/s\s+raw cycles/s\s+minimal cycles/s\s+lib/raw"
-                     r"\s+lib/minimal$", run.stdout, re.MULTILINE), run.stdout
+                     r"\s+lib/minimal\s+limited cycles/s\s+lib/limited$", run.stdout,
+                     re.MULTILINE), run.stdout
     rows = {m.group(1): [float(g.replace(",", "")) for g in m.groups()[1:]] for m in re.finditer(
-        r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)$",
-        run.stdout, re.MULTILINE)}
+        r"^(sqlite|postgres|redis)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)"
+        r"\s+([\d,]+)\s+([\d.]+)$", run.stdout, re.MULTILINE)}
     assert set(rows) == {"sqlite", "postgres", "redis"}, run.stdout
     assert all(value > 0 for values in rows.values() for value in values), run.stdout
 
@@ -91,9 +93,9 @@ def test_heartbeat_cost_benchmark_prints_a_row_per_store_and_loses_nothing() -> 
 @pytest.mark.worker
 def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
     """``benchmarks/worker_throughput.py``, tiny: real prefork workers for plain, SQLite, Redis,
-    PostgreSQL and SQLite without history print a rate and a ratio each (the run's own
-    check that the no-history store wrote no history passed), and the run leaves no key or
-    schema behind."""
+    PostgreSQL and SQLite without history print a rate, a ratio and CPU per task by process
+    each (the run's own check that the no-history store wrote no history passed), and the run
+    leaves no key or schema behind."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
@@ -105,12 +107,27 @@ def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
                           "--tasks", "50", "--rounds", "1", "--deadline", "100"],
                          cwd=REPO, capture_output=True, text=True, timeout=150)
     assert run.returncode == 0, run.stdout + run.stderr
-    rows = {m.group(1): (float(m.group(2).replace(",", "")), float(m.group(3)))
+    def number(text: str) -> float:
+        return float(text.replace(",", ""))
+
+    # variant body tasks tasks/s ratio publish/s, then CPU µs per task: worker, +worker (the
+    # worker's over the plain runs around it; "-" for plain), redis, postgres.
+    rows = {m.group(1): (number(m.group(2)), float(m.group(3)), number(m.group(4)), m.group(5),
+                         number(m.group(6)), number(m.group(7)))
             for m in re.finditer(r"^(plain|sqlite(?:-nohistory)?|redis|postgres)\s+noop\s+50"
-                                 r"\s+([\d,]+)\s+([\d.]+)\s", run.stdout, re.MULTILINE)}
+                                 r"\s+([\d,]+)\s+([\d.]+)\s+[\d,]+\s+([\d,]+)\s+(-|[+-][\d,]+)"
+                                 r"\s+([\d,]+)\s+([\d,]+)\s", run.stdout, re.MULTILINE)}
     assert set(rows) == {"plain", "sqlite", "redis", "postgres", "sqlite-nohistory"}, \
         run.stdout
-    assert all(rate > 0 and ratio > 0 for rate, ratio in rows.values()), run.stdout
+    assert all(rate > 0 and ratio > 0 for rate, ratio, *_ in rows.values()), run.stdout
+    # Each worker used CPU; the store server's CPU lands in its own column: PostgreSQL's
+    # processes worked for the postgres variant, and the Redis server for every variant (it
+    # is the broker), more for the redis store's claims and finishes than for plain tasks.
+    assert all(worker > 0 for _, _, worker, *_ in rows.values()), run.stdout
+    assert rows["plain"][3] == "-" and all(row[3] != "-" for v, row in rows.items()
+                                           if v != "plain"), run.stdout
+    assert rows["postgres"][5] > 0 and all(row[4] > 0 for row in rows.values()), run.stdout
+    assert rows["redis"][4] > rows["plain"][4], run.stdout
 
     found = re.search(r"^run (\w+):", run.stdout, re.MULTILINE)
     assert found, run.stdout

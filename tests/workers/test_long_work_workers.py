@@ -14,6 +14,7 @@ import pytest
 
 from lease_celery import open_store
 from lease_celery.models import LeaseRecord, LeaseState
+from tests.support.policy_helpers import wait_until
 from tests.support.workers import REPO, WorkerPool
 
 WORK = "tests.support.worker_app.work"
@@ -26,6 +27,12 @@ def _job() -> str:
 def _record(workers: WorkerPool, key: str) -> LeaseRecord | None:
     with open_store(workers.store_url) as store:
         return store.get(key)
+
+
+def _checkpointed(workers: WorkerPool, key: str) -> int:
+    """The last step the key's checkpoint in the store holds (0: none yet)."""
+    record = _record(workers, key)
+    return int(((record and record.checkpoint) or {}).get("done", 0))
 
 
 def _cli(workers: WorkerPool, *args: str) -> subprocess.CompletedProcess[str]:
@@ -47,6 +54,10 @@ def test_a_takeover_resumes_from_the_checkpoint_the_killed_owner_left(
     result = workers.client.send_task("tests.support.worker_app.stepper", args=(job, 10, 0.3))
     workers.journal.wait_for(lambda j: bool(j.events("step", job_id=job, step=3)),
                              timeout=20, what="step 3")
+    # The body journals a step just before it checkpoints it: wait for the store to hold step
+    # 3 too, or a kill in between leaves {"done": 2} (CI saw that once under load).
+    wait_until(lambda: _checkpointed(workers, f"job:{job}") >= 3, timeout=20,
+               what="step 3's checkpoint in the store")
     doomed.kill()
     with open_store(workers.store_url) as store:
         checkpoint = store.get(f"job:{job}").checkpoint  # type: ignore[union-attr]

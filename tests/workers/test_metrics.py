@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from lease_celery import EffectOutcomeUnknown, LeasedTask, install, metrics, open_store, signals
+from lease_celery import (
+    EffectOutcomeUnknown,
+    Lease,
+    LeasedTask,
+    Waiter,
+    install,
+    metrics,
+    open_store,
+    signals,
+)
 from lease_celery.worker.sweeper import sweep
 from tests.support.policy_helpers import free_port, scrape, wait_until
 from tests.support.workers import WorkerPool
@@ -40,7 +49,34 @@ def test_every_signal_has_a_counter_and_moves_it() -> None:
     assert {name: after[name] - before[name] for name in after} == {
         name: 1 for name in metrics.COUNTERS.values()}
     assert set(metrics._prometheus_metrics()) == (set(metrics.COUNTERS.values())
-                                                  | set(metrics.HISTOGRAMS))
+                                                  | set(metrics.HISTOGRAMS)
+                                                  | set(metrics.GAUGES))
+
+
+def test_limit_gauges_count_running_and_waiting_per_task_name() -> None:
+    """A limited lease held moves ``limit_running`` of its task until its hold ends (once,
+    however many end signals follow); a parked delivery moves ``limit_waiting`` until it is
+    handed on, counted under the waiter's task name; a lease without a group moves nothing.
+    Groups are never labels."""
+    install()
+    metrics.reset()
+
+    class Task:
+        name = "proj.export"
+
+    lease = Lease("k1", "w", 1, 10.0, group="tenant:1", slot=1)
+    signals.lease_acquired.send(sender=Task(), key="k1", lease=lease)
+    signals.lease_acquired.send(sender=Task(), key="k0", lease=Lease("k0", "w", 1, 10.0))
+    assert metrics.snapshot()["gauges"]["limit_running"] == {"proj.export": 1}
+    signals.limit_wait.send(sender=Task(), key="k2", group="tenant:1", refusal=None)
+    assert metrics.snapshot()["gauges"]["limit_waiting"] == {"proj.export": 1}
+    waiter = Waiter("tenant:1", "k2", {"task": "proj.export"}, 1.0)
+    signals.limit_handed_on.send(sender=None, key="k2", group="tenant:1", waiter=waiter)
+    signals.stale_result_rejected.send(sender=Task(), key="k1", lease=lease)
+    signals.lease_lost.send(sender=Task(), key="k1", lease=lease)
+    gauges = metrics.snapshot()["gauges"]
+    assert gauges == {"limit_running": {"proj.export": 0}, "limit_waiting": {"proj.export": 0}}
+    assert metrics.snapshot()["counters"]["limit_handed_on"] == {"proj.export": 1}
 
 
 def _app(store_url: str) -> Celery:
@@ -126,7 +162,8 @@ def test_snapshot_counts_eager_runs(sqlite_url: str) -> None:
         "duplicates_ignored": 1, "duplicates_answered": 0, "stale_results_refused": 1,
         "effects_performed": 1,
         "effect_replays": 1, "effect_conflicts": 1, "effects_outcome_unknown": 1,
-        "settled": 0, "settles_completed": 0}  # eager runs settle at once
+        "settled": 0, "settles_completed": 0,  # eager runs settle at once
+        "limit_waits": 0, "limit_handed_on": 0}
     assert figures["counters"]["claims"] == {ok.name: 1, effect.name: 3, flaky.name: 2,
                                              stale.name: 1, plain.name: 1}
     assert figures["counters"]["dead_letters"] == {effect.name: 2, flaky.name: 1}

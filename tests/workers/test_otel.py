@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from lease_celery import LeasedTask, metrics, open_store, otel, signals
+from lease_celery import LeasedTask, LimitRefused, metrics, open_store, otel, signals
 from lease_celery.execution import delivery
 from lease_celery.testing import ManualClock
 from lease_celery.worker.sweeper import sweep
@@ -106,6 +106,26 @@ def test_eager_run_span_gets_claim_effect_and_finish_events_once(app: Celery,
     (finish,) = _events(run, "lease.finish")
     assert finish["lease.outcome"] == "accepted" and finish["lease.token"] == 1
     assert not otel._live  # the run's claims are dropped at task_postrun
+
+
+def test_a_parked_delivery_gets_a_limit_wait_event_with_its_group(app: Celery,
+                                                                  spans: Any) -> None:
+    """``limit_wait`` (the gate parks a delivery over its group's limit) becomes a
+    ``lease.limit_wait`` event on the run's span, with the group and where it stands."""
+    refusal = LimitRefused(group="tenant:<1>", reason="limit", parked=True, waiting=3,
+                           running=2, limit=2)
+
+    @app.task(base=LeasedTask, bind=True, lease_key="job:{n}", shared=False)
+    def job(self: LeasedTask, n: int) -> int:
+        signals.limit_wait.send(sender=self, key="job:1", group=refusal.group,
+                                refusal=refusal)
+        return n
+
+    job.apply((1,)).get()
+    (run,) = [s for s in spans.get_finished_spans() if s.name.startswith("run/")]
+    assert _events(run, "lease.limit_wait") == [{
+        "lease.outcome": "waiting", "lease.key": "job:1", "lease.group": "tenant:<1>",
+        "lease.waiting": 3, "lease.running": 2, "lease.limit": 2}]
 
 
 def test_lapse_from_another_thread_lands_on_the_run_span(app: Celery, spans: Any) -> None:

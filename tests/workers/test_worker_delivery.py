@@ -36,7 +36,7 @@ def _job() -> str:
     return uuid.uuid4().hex[:10]
 
 
-@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("worker_store", ["postgres"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     """Three publishes of one task id while the first runs: the body runs once, the result
@@ -65,7 +65,7 @@ def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     assert record is not None and record.state is LeaseState.DONE and record.token == 1
 
 
-@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("worker_store", ["sqlite"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4",
                         LEASE_TEST_VISIBILITY="4")
 def test_sigkilled_worker_is_taken_over_after_expiry(workers: WorkerPool) -> None:
@@ -92,7 +92,7 @@ def test_sigkilled_worker_is_taken_over_after_expiry(workers: WorkerPool) -> Non
     assert len(workers.journal.events("body_end", job_id=job)) == 1
 
 
-@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("worker_store", ["postgres"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_stalled_owner_result_is_refused_and_callback_runs_once(workers: WorkerPool) -> None:
     """An owner stalled past its ttl (SIGSTOP … SIGCONT) finishes late: its result is refused,

@@ -302,12 +302,20 @@ def _shutdown_scene(workers: WorkerPool, soft_timeout: float | None) -> dict[str
     """Worker A runs a task (ttl 10 s); an idle worker B waits; A gets SIGQUIT (cold shutdown,
     after ``soft_timeout`` of soft shutdown). Returns timings and the row's states."""
     extra = {} if soft_timeout is None else {"LEASE_TEST_SOFT_SHUTDOWN": str(soft_timeout)}
+    # The successor starts first, on a queue nothing is sent to, and joins the task's queue
+    # once A runs the task: started after, it took longer than the 3 s body under load (the
+    # row was done before A got the signal).
+    queue = workers.env["LEASE_TEST_QUEUE"]
+    successor = workers.start("successor", concurrency=1, queue=f"{queue}.idle")
     first = workers.start("first", concurrency=1, extra_env=extra)
     job = _job()
     result = workers.client.send_task(WORK, args=(job, 3.0))
     workers.journal.wait_for(lambda j: bool(j.events("body_start", job_id=job)), timeout=20,
                              what="the first worker to start the task")
-    workers.start("successor", concurrency=1)
+    hostname = f"{successor.name}@{os.uname().nodename}"
+    replies = workers.client.control.add_consumer(queue, destination=[hostname], reply=True,
+                                                  timeout=5)
+    assert replies, f"{hostname} did not answer add_consumer"
     before = get_record(workers.store_url, f"job:{job}")
     assert before is not None and before.state is LeaseState.RUNNING
     os.kill(first.process.pid, signal.SIGQUIT)

@@ -14,6 +14,14 @@ APP leases reset-epoch --accept-data-loss``. An empty store opens without a step
 start above the epoch's creation time in microseconds, so even a store that lost everything
 with every process restarted never hands out a token or fence number again.
 
+Operator reads (``find``, ``stats``, ``effects.find``, retention) read state indexes that every
+script keeps atomically with its transition (``prelude.lua``: a sorted set of hashes per state
+by ``updated_at``), never a SCAN of the prefix: their cost follows what they return, not the
+store's size. A prefix the version before wrote has none: the first operator read (or the
+sweeper's prune, a slice at a time) builds them once, in batches, while workers go on writing
+(``index_build.lua`` says why nothing is lost); until the epoch record says they are complete,
+the reads SCAN as before.
+
 Limit: a loss that leaves the epoch record (``appendfsync everysec`` losing its last second, a
 replica that lagged by a few writes) is not seen. Redis replicates asynchronously; PostgreSQL
 is the store for strict fencing across failover (``doctor`` checks the persistence settings).
@@ -21,21 +29,24 @@ is the store for strict fencing across failover (``doctor`` checks the persisten
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import ConfigError, StoreDataLost, StoreError
 from ...extras import needs
 from ...identity import owned_by
+from ...limits import Rate
 from ...models import EffectState, EpochReset, HistoryEntry, Lease, LeaseState, StoreEpoch
-from ..base import Clock, Row, Store, lease_params
+from ..base import PURGE_BATCH, Clock, Row, Store, lease_params
 from ..rows import task_id_only
 from ..urls import server_address
 from .lua import HISTORY_PER_KEY, HISTORY_RECENT, PRELUDE, SCRIPTS
@@ -69,13 +80,29 @@ def _server_errors(method: Callable[Concatenate[RedisStore, _P], _T]
 
 #: The scripts whose writes ``?wait_replicas=N`` waits for: those a failover must not lose
 #: (a claim's token, an accepted outcome, a receipt), and the epoch itself.
-_REPLICATED = frozenset({"claim", "claim_settlement", "fenced_write", "settle_many",
-                         "record_published",
+_REPLICATED = frozenset({"claim", "claim_limited", "claim_settlement", "fenced_write",
+                         "settle_many", "record_published",
                          "effect_insert", "effect_restart", "effect_update", "epoch_open",
                          "epoch_reset"})
 
 #: The fields of a claimed row, in the order the claim script answers with them.
 _CLAIMED = ("token", "expires_at", "fence", "attempts", "takeovers", "cancel")
+
+#: The states, in the order stats.lua answers their counts.
+_LEASE_STATES = tuple(state.value for state in LeaseState)
+_EFFECT_STATES = tuple(state.value for state in EffectState)
+#: The build of the indexes of a prefix the version before wrote: keys a SCAN page examines
+#: (one index_build script a page, so Redis is held for about a millisecond at a time: a
+#: million rows take some 20 s, and meanwhile a worker's claim + finish waits 1.5 ms at the
+#: median, 8 ms at worst, where pages of 1000 made it 5 and 28 ms); how long the build's lock
+#: lasts unless renewed (a builder that died is taken over after it); and the seconds of
+#: building one retention prune does (the sweeper's thread, once per interval, is not held
+#: for a whole prefix).
+INDEX_BATCH = 250
+#: The most index members a listing reads from one index in a round trip.
+_PAGE_MAX = 1000
+BUILD_LOCK_MS = 30_000
+BUILD_SLICE = 0.5
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +145,9 @@ class RedisStore(Store):
         self._lock = threading.Lock()
         # The epoch this store object opened (None: not yet: the first call opens it).
         self._epoch: StoreEpoch | None = None
+        # Are the state indexes complete (the epoch record's mark, seen once: it never goes)?
+        self._indexed = False
+        self._builder = uuid.uuid4().hex
 
     @property
     def _running(self) -> str:
@@ -142,6 +172,14 @@ class RedisStore(Store):
         return [None if v is None else str(v) for v in self._client.hmget(name, list(fields))]
 
     @_server_errors
+    def _smembers(self, name: str) -> list[str]:
+        return [str(member) for member in self._client.smembers(name)]
+
+    @_server_errors
+    def _exists(self, name: str) -> bool:
+        return bool(self._client.exists(name))
+
+    @_server_errors
     def _lrange(self, name: str, start: int, end: int) -> list[str]:
         return [str(item) for item in self._client.lrange(name, start, end)]
 
@@ -152,6 +190,32 @@ class RedisStore(Store):
         for name in names:
             pipe.lrange(name, start, end)
         return [[str(item) for item in items] for items in pipe.execute()]
+
+    @_server_errors
+    def _hgetall_many(self, names: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL of each hash, in one round trip (a pipeline without MULTI)."""
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        return [{str(k): str(v) for k, v in fields.items()} for fields in pipe.execute()]
+
+    @_server_errors
+    def _zrevrange_many(self, names: Sequence[str], starts: Sequence[int],
+                        count: int) -> list[list[tuple[str, float]]]:
+        """``count`` members of each sorted set from its ``start``, highest score first, with
+        their scores, in one round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        for name, start in zip(names, starts, strict=True):
+            pipe.zrevrange(name, start, start + count - 1, withscores=True)
+        return [[(str(member), float(score)) for member, score in members]
+                for members in pipe.execute()]
+
+    @_server_errors
+    def _scan_page(self, cursor: int) -> tuple[int, list[str]]:
+        """One SCAN page of the prefix's names (the build of the indexes)."""
+        following, names = self._client.scan(cursor, match=_pattern(self.prefix),
+                                             count=INDEX_BATCH)
+        return int(following), [str(name) for name in names]
 
     @_server_errors
     def _scan(self, head: str) -> list[str]:
@@ -233,6 +297,7 @@ class RedisStore(Store):
                         f"{self.prefix}terminal", f"{self.prefix}history"],
                         [uuid.uuid4().hex], "", None)
                     self._epoch = _epoch_of(reply)
+                    self._indexed = self._indexed or (len(reply) > 3 and reply[3] == "1")
                 epoch = self._epoch
         return epoch
 
@@ -246,6 +311,7 @@ class RedisStore(Store):
         reply = self._send("epoch_reset", [f"{self.prefix}epoch"], [uuid.uuid4().hex], "",
                            None)
         self._epoch = epoch = _epoch_of(reply)
+        self._indexed = False  # the new record says (the reset carries the mark over)
         replaced, state, why = reply[3:6]
         return EpochReset(epoch=epoch, replaced=replaced or None,
                           lost=(why or "marked lost") if state == "lost" else None)
@@ -260,6 +326,76 @@ class RedisStore(Store):
                            # be on the row.
                            if_resent=lambda reply: reply or self._claimed_by(key, owner, nonce))
         return dict(zip(_CLAIMED, reply, strict=False)) if reply else None
+
+    def _group_keys(self, group: str) -> list[str]:
+        """A group's hash, slots set, waiters and their task info, arrival and hand-on times."""
+        return [f"{self.prefix}{part}:{group}"
+                for part in ("group", "slots", "waiters", "wtask", "wsince", "whanded")]
+
+    def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
+                       limit: int | None, rate: Rate | None) -> Row | None:
+        nonce = uuid.uuid4().hex
+
+        def claimed_by(reply: Any) -> Any:
+            # Refused after a re-send: did the first send win? Its nonce would be on the row.
+            if reply:
+                return reply
+            won = self._claimed_by(key, owner, nonce)
+            return None if won is None else ["granted", "", "", "", "", *won]
+
+        reply = self._call(
+            "claim_limited",
+            [*self._keys(key), f"{self.prefix}fence", self._running, *self._group_keys(group),
+             f"{self.prefix}groups"],
+            [owner, repr(ttl), task or "", nonce, group, "" if limit is None else str(limit),
+             "" if rate is None else rate.text, "" if rate is None else repr(rate.interval)],
+            if_resent=claimed_by)
+        if not reply:
+            return None
+        verdict, number, running, lim, retry_at, *claimed = reply
+        row: dict[str, Any] = {"verdict": verdict, "running": running, "lim": lim,
+                               "retry_at": retry_at}
+        if verdict == "granted":
+            return {**row, **dict(zip(_CLAIMED, claimed, strict=False)), "slot": number}
+        return {**row, "waiting": number}
+
+    def _groups(self, group: str | None) -> list[str]:
+        if group is not None:
+            return [group]
+        return sorted(self._smembers(f"{self.prefix}groups"))
+
+    def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
+        head = f"{self.prefix}lease:"
+        handed: list[Row] = []
+        for grp in self._groups(group):
+            if len(handed) >= limit:
+                break
+            reply = self._call("hand_on", self._group_keys(grp),
+                               [grp, repr(grace), str(limit - len(handed))])
+            handed += [{"grp": grp, "key": str(reply[i])[len(head):], "task": reply[i + 1],
+                        "since": reply[i + 2]} for i in range(0, len(reply), 3)]
+        return handed
+
+    def _set_limit(self, group: str, changes: dict[str, Any]) -> None:
+        args: list[str] = []
+        for field, value in changes.items():
+            args += [field, "\0" if value is None else
+                     repr(value) if isinstance(value, float) else str(value)]
+        self._call("limit_set", [self._group_keys(group)[0], f"{self.prefix}groups"],
+                   [*args, group])
+
+    def _limits(self, group: str | None, limit: int) -> list[Row]:
+        rows: list[Row] = []
+        for grp in self._groups(group)[:limit]:
+            keys = self._group_keys(grp)
+            if group is not None and not self._exists(keys[0]):
+                continue
+            fields = self._call("limit_info", keys[:3], [grp])
+            names = ("task_limit", "task_rate", "set_limit", "set_rate", "updated_at",
+                     "running", "waiting")
+            rows.append({"grp": grp, **{name: (value if value is not False else None)
+                                        for name, value in zip(names, fields, strict=True)}})
+        return rows
 
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         return bool(self._call("record_published", [*self._keys(key), self._running],
@@ -336,7 +472,7 @@ class RedisStore(Store):
                                key, owner, nonce, state=None))
         return dict(zip(_CLAIMED[:5], reply, strict=False)) if reply else None
 
-    # -- operator actions (SCAN-based listing: fine for operations, not for a hot path) -----
+    # -- operator actions ---------------------------------------------------------------------
 
     def _force_release(self, key: str, reason: str) -> bool:
         return bool(self._call("force_release", [self._keys(key)[0], self._running], [reason]))
@@ -348,30 +484,156 @@ class RedisStore(Store):
         return bool(self._call("purge", [*self._keys(key), self._running], []))
 
     def _purge_older_than(self, seconds: float, limit: int | None) -> int:
-        if limit is not None:  # retention: the oldest, from the terminal index
-            return int(self._call("prune", [self._running], [repr(seconds), str(limit)]))
-        # All of them (an operator's purge): every hash, rows written before the terminal
-        # index existed included.
-        return sum(int(self._call("purge_old", [self._keys(key)[0], self._running],
-                                  [repr(seconds)]))
-                   for key in self._lease_keys())
+        if limit is not None:
+            # Retention: the oldest, from the done and dead indexes. On a prefix still being
+            # indexed, the rows indexed so far (the sweeper's prune builds a slice a call).
+            self._indexes_ready(budget=BUILD_SLICE)
+            return self._prune(seconds, limit)
+        if not self._indexes_ready(budget=None):
+            # All of them (an operator's purge) while another process builds the indexes:
+            # every hash, those not indexed yet included.
+            return sum(int(self._call("purge_old", [self._keys(key)[0], self._running],
+                                      [repr(seconds)]))
+                       for key in self._lease_keys())
+        total = 0  # in batches, each its own short script, until one finds nothing to delete
+        while purged := self._prune(seconds, PURGE_BATCH):
+            total += purged
+        return total
+
+    def _prune(self, seconds: float, limit: int) -> int:
+        return int(self._call("prune", [self._running], [repr(seconds), str(limit)]))
 
     def _lease_keys(self) -> list[str]:
         """Every lease key in the store."""
         return self._scan(f"{self.prefix}lease:")
 
     def _get(self, key: str) -> Row | None:
-        row: dict[str, Any] = self._hgetall(self._keys(key)[0])
-        if not row:
-            return None
-        row["key"] = key
-        if "task" not in row and "task_id" in row:
-            # A settled done row keeps only its task id (drop_task in redis.lua).
-            row["task"] = task_id_only(row["task_id"])
-        return row
+        return _lease_row(key, self._hgetall(self._keys(key)[0]))
+
+    # -- operator reads: from the state indexes (prelude.lua), SCAN only on a prefix that the
+    # version before wrote and whose indexes are still being built by another process ----
+
+    def _indexes_ready(self, *, budget: float | None) -> bool:
+        """Are the state indexes complete? If not, build them first (for ``budget`` seconds;
+        None: to the end), unless another process is building them."""
+        if not self._indexed:
+            self._opened()  # the epoch record says (a new store is indexed from the start)
+        if not self._indexed:
+            indexed, cursor = self._hmget(f"{self.prefix}epoch", ["indexed", "index_cursor"])
+            if indexed == "1":
+                self._indexed = True
+            else:
+                self._build_indexes(int(cursor or 0), budget)
+        return self._indexed
+
+    def _build_indexes(self, cursor: int, budget: float | None) -> None:
+        """SCAN the prefix from ``cursor`` and index each page's hashes (index_build.lua says
+        why this is safe while workers write), until the SCAN is complete or ``budget``
+        seconds have passed (at least one page), or another process holds the build."""
+        lock = f"{self.prefix}index:building"
+        lease_head, effect_head = f"{self.prefix}lease:", f"{self.prefix}effect:"
+        started = time.monotonic()
+        while True:
+            following, names = self._scan_page(cursor)
+            leases = [name for name in names if name.startswith(lease_head)]
+            effects = [name for name in names if name.startswith(effect_head)]
+            last = following != 0 and budget is not None and (
+                time.monotonic() - started >= budget)
+            reply = int(self._call("index_build", [lock, *leases, *effects], [
+                self._builder, str(BUILD_LOCK_MS), str(following), str(len(leases)),
+                "1" if last else ""]))
+            if reply == 2:
+                self._indexed = True
+                logger.info("redis lease store at %s (prefix %r): state indexes built",
+                            self._where, self.prefix)
+                return
+            if reply == 0 or last:
+                return
+            cursor = following
+
+    def _newest(self, names: Sequence[str], page: int) -> Iterator[list[str]]:
+        """The members of the sorted sets ``names``, highest score first across them, ``page``
+        at a time, the pages doubling up to ``_PAGE_MAX`` (a filter that passes over most
+        rows costs round trips by the thousand rows, not by the page of ``limit``)."""
+        buffers = {name: collections.deque[tuple[str, float]]() for name in names}
+        offsets = dict.fromkeys(names, 0)
+        exhausted: set[str] = set()
+        while True:
+            empty = [name for name in names if not buffers[name] and name not in exhausted]
+            if empty:
+                for name, members in zip(empty, self._zrevrange_many(
+                        empty, [offsets[name] for name in empty], page), strict=True):
+                    offsets[name] += len(members)
+                    buffers[name].extend(members)
+                    if len(members) < page:
+                        exhausted.add(name)
+            out: list[str] = []
+            # A member is next only while every set that may hold more has one in hand.
+            while len(out) < page and all(buffers[name] or name in exhausted
+                                          for name in names):
+                held = [name for name in names if buffers[name]]
+                if not held:
+                    break
+                best = max(held, key=lambda name: buffers[name][0][1])
+                out.append(buffers[best].popleft()[0])
+            if out:
+                yield out
+                page = min(2 * page, max(page, _PAGE_MAX))
+            elif all(name in exhausted and not buffers[name] for name in names):
+                return
+
+    def _from_index(self, names: Sequence[str], head: str, limit: int,
+                    keep: Callable[[str, dict[str, str]], Row | None],
+                    key_prefix: str | None = None) -> list[Row]:
+        """Read the hashes of the indexes ``names`` newest first, until ``limit`` of them are
+        kept (``keep``: the row, or None to pass over one that changed since it was listed,
+        or that a filter leaves out). ``key_prefix``: only keys that start with it are read
+        at all (the members are the hashes' names: a filter on the key costs no HGETALL)."""
+        rows: list[Row] = []
+        seen: set[str] = set()  # a hash that moved between two indexes as they were read
+        wanted = head + (key_prefix or "")
+        for members in self._newest(names, limit):
+            members = [name for name in members if name not in seen and name.startswith(wanted)]
+            seen.update(members)
+            for name, fields in zip(members, self._hgetall_many(members), strict=True):
+                if fields and (row := keep(name[len(head):], fields)) is not None:
+                    rows.append(row)
+                    if len(rows) == limit:
+                        return rows
+        return rows
 
     def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
               limit: int) -> list[Row]:
+        if not self._indexes_ready(budget=None):
+            return self._scan_find(state, prefix, owner, limit)
+        states = _LEASE_STATES if state is None else (state.value,)
+
+        def keep(key: str, fields: dict[str, str]) -> Row | None:
+            # (The key prefix is applied to the index members before any row is read.)
+            row = _lease_row(key, fields)
+            if (row is None or row["state"] not in states
+                    or (owner is not None and not owned_by(row.get("owner"), owner))):
+                return None
+            return row
+
+        rows = self._from_index([f"{self.prefix}index:lease:{s}" for s in states],
+                                f"{self.prefix}lease:", limit, keep, key_prefix=prefix)
+        # As listed, unless a row moved on between the index's read and its own.
+        rows.sort(key=lambda row: float(row.get("updated_at") or 0.0), reverse=True)
+        return rows
+
+    def _stats(self) -> list[Row]:
+        if not self._indexes_ready(budget=None):
+            return self._scan_stats()
+        *counts, expired = self._call("stats", [], [])
+        return [{"state": state, "total": int(total),
+                 "expired": int(expired) if state == LeaseState.RUNNING.value else 0}
+                for state, total in zip(_LEASE_STATES, counts, strict=True) if int(total)]
+
+    # The reads of a prefix whose indexes another process is still building (SCAN: every key).
+
+    def _scan_find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
+                   limit: int) -> list[Row]:
         rows = [row for key in self._lease_keys()
                 if (prefix is None or key.startswith(prefix))
                 and (row := self._get(key)) is not None
@@ -380,7 +642,7 @@ class RedisStore(Store):
         rows.sort(key=lambda row: float(row.get("updated_at") or 0.0), reverse=True)
         return rows[:limit]
 
-    def _stats(self) -> list[Row]:
+    def _scan_stats(self) -> list[Row]:
         now = self.now()
         by_state: dict[str, dict[str, Any]] = {}
         for key in self._lease_keys():
@@ -463,7 +725,19 @@ class RedisStore(Store):
         return {"key": key, **fields} if fields else None
 
     def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
-        # SCAN-based, like find(): an operator's listing, not a hot path.
+        if not self._indexes_ready(budget=None):
+            return self._scan_effect_find(state, limit)
+        states = _EFFECT_STATES if state is None else (state.value,)
+
+        def keep(key: str, fields: dict[str, str]) -> Row | None:
+            return {"key": key, **fields} if fields.get("state") in states else None
+
+        rows = self._from_index([f"{self.prefix}index:effect:{s}" for s in states],
+                                f"{self.prefix}effect:", limit, keep)
+        rows.sort(key=lambda row: float(row["updated_at"]), reverse=True)
+        return rows
+
+    def _scan_effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
         rows = [row for key in self._scan(f"{self.prefix}effect:")
                 if (row := self._effect_get(key)) is not None
                 and (state is None or row["state"] == state.value)]
@@ -489,6 +763,17 @@ class RedisStore(Store):
 class _EpochChanged(Exception):
     """An operator reset the epoch since this store object opened it: the script wrote
     nothing, and goes again in the new epoch."""
+
+
+def _lease_row(key: str, fields: dict[str, str]) -> Row | None:
+    """A lease hash's fields as the row ``_get`` answers (None: no hash)."""
+    if not fields:
+        return None
+    row: dict[str, Any] = {**fields, "key": key}
+    if "task" not in row and "task_id" in row:
+        # A settled done row keeps only its task id (drop_task in prelude.lua).
+        row["task"] = task_id_only(row["task_id"])
+    return row
 
 
 def _epoch_of(reply: Sequence[Any]) -> StoreEpoch:

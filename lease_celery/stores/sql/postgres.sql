@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS {schema}.lease_celery_leases (
     -- Schema 3: the holder's latest progress checkpoint (JSON), and 'cancelled: ...' once an
     -- operator cancelled the key.
     checkpoint  text,
-    cancel      text
+    cancel      text,
+    -- Schema 6: the limit group a limited claim took, and the slot token it was granted.
+    grp         text,
+    slot        bigint
 )
 
 -- name: migrate_columns
@@ -47,7 +50,9 @@ ALTER TABLE {schema}.lease_celery_leases
     ADD COLUMN IF NOT EXISTS sweep_at double precision,
     ADD COLUMN IF NOT EXISTS swept_by text,
     ADD COLUMN IF NOT EXISTS checkpoint text,
-    ADD COLUMN IF NOT EXISTS cancel text
+    ADD COLUMN IF NOT EXISTS cancel text,
+    ADD COLUMN IF NOT EXISTS grp text,
+    ADD COLUMN IF NOT EXISTS slot bigint
 
 -- name: migrate_fill_sweep_at
 -- Schema 1 -> 2: rows the sweeper must keep watching get their next look; done rows of schema
@@ -65,6 +70,242 @@ ON {schema}.lease_celery_leases (updated_at) WHERE state IN ('done', 'dead')
 -- name: create_sweep_index
 CREATE INDEX IF NOT EXISTS lease_celery_leases_sweep ON {schema}.lease_celery_leases (sweep_at)
 WHERE sweep_at IS NOT NULL
+
+-- name: create_live_index
+-- Schema 7: the operator's reads of live rows (find by state, stats, the dashboard's lists)
+-- walk this instead of the table. Only live rows: a claim adds an entry and a finish takes it
+-- away, so it stays the size of the work in hand, however many rows are settled.
+CREATE INDEX IF NOT EXISTS lease_celery_leases_live ON {schema}.lease_celery_leases
+(state, updated_at) WHERE state IN ('ready', 'running')
+
+-- name: create_dead_index
+-- Schema 7: dead rows, few among the settled ones (the dashboard's dead list, stats).
+CREATE INDEX IF NOT EXISTS lease_celery_leases_dead ON {schema}.lease_celery_leases (updated_at)
+WHERE state = 'dead'
+
+-- name: create_slots_index
+-- Schema 6: a group's running count reads only its running rows (lease_celery.limits).
+CREATE INDEX IF NOT EXISTS lease_celery_leases_slots ON {schema}.lease_celery_leases
+(grp, expires_at) WHERE grp IS NOT NULL AND state = 'running'
+
+-- name: create_limits
+-- Schema 6: one row per limit group. task_*: the limit and rate its tasks ask for (the latest
+-- claim's); set_*: an operator's (celery leases limit), which win (NULL: the task's; 0 and ''
+-- lift it). tat: the next allowed start of a rate-limited group (GCRA's theoretical arrival
+-- time); slots: the slot tokens granted so far; seq: the waiters' arrival counter. A limited
+-- claim locks its group's row: the claims of one group are serialised, no others.
+CREATE TABLE IF NOT EXISTS {schema}.lease_celery_limits (
+    grp           text             PRIMARY KEY,
+    task_limit    integer,
+    task_rate     text,
+    task_interval double precision,
+    set_limit     integer,
+    set_rate      text,
+    set_interval  double precision,
+    tat           double precision,
+    slots         bigint           NOT NULL DEFAULT 0,
+    seq           bigint           NOT NULL DEFAULT 0,
+    updated_at    double precision NOT NULL
+)
+
+-- name: create_waiters
+-- Schema 6: deliveries parked over their group's limit, one per key, in arrival order (seq),
+-- with the task info that publishes them again; handed_at: when a freed slot handed it on.
+CREATE TABLE IF NOT EXISTS {schema}.lease_celery_waiters (
+    grp        text             NOT NULL,
+    key        text             NOT NULL,
+    seq        bigint           NOT NULL,
+    task       text,
+    since      double precision NOT NULL,
+    handed_at  double precision,
+    PRIMARY KEY (grp, key)
+)
+
+-- name: create_waiters_order_index
+CREATE INDEX IF NOT EXISTS lease_celery_waiters_order ON {schema}.lease_celery_waiters (grp, seq)
+
+-- name: create_claim_limited_function
+-- The limited claim (Store.claim_limited) in one round trip. Each statement of a plpgsql
+-- function reads a fresh snapshot under READ COMMITTED, so the running count below is read
+-- after the group's row is locked: it sees every claim of the group committed before ours.
+-- The verdict is stores.base.group_verdict's rule; the claim statement is the claim query's.
+CREATE OR REPLACE FUNCTION {schema}.lease_celery_claim_limited(
+    p_key text, p_owner text, p_ttl double precision, p_task text, p_nonce text,
+    p_now double precision, p_grp text, p_limit integer, p_rate text,
+    p_interval double precision)
+RETURNS TABLE (verdict text, token bigint, expires_at double precision, fence bigint,
+               attempts integer, takeovers integer, cancel text, slot bigint,
+               waiting bigint, running bigint, lim integer, retry_at double precision)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    g {schema}.lease_celery_limits%ROWTYPE;
+    t double precision;
+    n_running bigint;
+    n_ahead bigint;
+    my_seq bigint;
+    eff_limit integer;
+    eff_interval double precision;
+    c record;
+BEGIN
+    INSERT INTO {schema}.lease_celery_limits AS l
+           (grp, task_limit, task_rate, task_interval, updated_at)
+    VALUES (p_grp, p_limit, p_rate, p_interval,
+            COALESCE(p_now, extract(epoch FROM clock_timestamp())::double precision))
+    ON CONFLICT (grp) DO UPDATE SET task_limit = EXCLUDED.task_limit,
+        task_rate = EXCLUDED.task_rate, task_interval = EXCLUDED.task_interval
+    WHERE l.task_limit IS DISTINCT FROM EXCLUDED.task_limit
+       OR l.task_rate IS DISTINCT FROM EXCLUDED.task_rate
+       OR l.task_interval IS DISTINCT FROM EXCLUDED.task_interval;
+    SELECT * INTO g FROM {schema}.lease_celery_limits l WHERE l.grp = p_grp FOR UPDATE;
+    t := COALESCE(p_now, extract(epoch FROM clock_timestamp())::double precision);
+    eff_limit := CASE WHEN g.set_limit IS NOT NULL THEN nullif(g.set_limit, 0)
+                      ELSE g.task_limit END;
+    eff_interval := CASE WHEN g.set_interval IS NOT NULL THEN nullif(g.set_interval, 0)
+                         ELSE g.task_interval END;
+    IF EXISTS (SELECT 1 FROM {schema}.lease_celery_leases l
+               WHERE l.key = p_key AND l.state <> 'purged'
+                 AND NOT ((l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= t))
+                          OR (l.state = 'running' AND l.expires_at <= t))) THEN
+        DELETE FROM {schema}.lease_celery_waiters w WHERE w.grp = p_grp AND w.key = p_key;
+        RETURN;  -- the key itself refuses
+    END IF;
+    SELECT count(*) INTO n_running FROM {schema}.lease_celery_leases l
+    WHERE l.grp = p_grp AND l.state = 'running' AND l.expires_at > t AND l.key <> p_key;
+    SELECT w.seq INTO my_seq FROM {schema}.lease_celery_waiters w
+    WHERE w.grp = p_grp AND w.key = p_key;
+    SELECT count(*) INTO n_ahead FROM {schema}.lease_celery_waiters w
+    WHERE w.grp = p_grp AND (my_seq IS NULL OR w.seq < my_seq);
+    IF eff_limit IS NOT NULL AND n_running + n_ahead >= eff_limit THEN
+        IF p_task IS NOT NULL AND my_seq IS NULL THEN
+            INSERT INTO {schema}.lease_celery_waiters (grp, key, seq, task, since)
+            VALUES (p_grp, p_key, g.seq + 1, p_task, t);
+            UPDATE {schema}.lease_celery_limits l SET seq = l.seq + 1 WHERE l.grp = p_grp;
+        ELSIF p_task IS NOT NULL THEN  -- handed on and refused again: it keeps its place
+            UPDATE {schema}.lease_celery_waiters w SET handed_at = NULL
+            WHERE w.grp = p_grp AND w.key = p_key;
+        END IF;
+        RETURN QUERY SELECT 'limit'::text, NULL::bigint, NULL::double precision, NULL::bigint,
+            NULL::integer, NULL::integer, NULL::text, NULL::bigint,
+            (SELECT count(*) FROM {schema}.lease_celery_waiters w WHERE w.grp = p_grp),
+            n_running, eff_limit, NULL::double precision;
+        RETURN;
+    END IF;
+    IF eff_interval IS NOT NULL AND g.tat IS NOT NULL AND g.tat > t THEN
+        RETURN QUERY SELECT 'rate'::text, NULL::bigint, NULL::double precision, NULL::bigint,
+            NULL::integer, NULL::integer, NULL::text, NULL::bigint, 0::bigint, n_running,
+            eff_limit, g.tat;
+        RETURN;
+    END IF;
+    INSERT INTO {schema}.lease_celery_leases AS l
+           (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at,
+            fence, task, nonce, sweep_at, grp, slot)
+    VALUES (p_key, 'running', p_owner, 1, t + p_ttl, 1, 0, NULL, t,
+            nextval('{schema}.lease_celery_fence'), p_task, p_nonce,
+            CASE WHEN p_task IS NULL THEN NULL ELSE t + p_ttl END, p_grp, g.slots + 1)
+    ON CONFLICT (key) DO UPDATE SET
+        state      = 'running',
+        owner      = EXCLUDED.owner,
+        token      = l.token + 1,
+        expires_at = EXCLUDED.expires_at,
+        attempts   = CASE WHEN l.state = 'purged' THEN 1 ELSE l.attempts + 1 END,
+        takeovers  = CASE WHEN l.state = 'running' THEN l.takeovers + 1
+                          WHEN l.state = 'purged' THEN 0 ELSE l.takeovers END,
+        not_before = NULL,
+        result     = NULL,
+        updated_at = EXCLUDED.updated_at,
+        fence      = EXCLUDED.fence,
+        task       = EXCLUDED.task,
+        nonce      = EXCLUDED.nonce,
+        settling   = false,
+        sweep_at   = EXCLUDED.sweep_at,
+        swept_by   = NULL,
+        grp        = EXCLUDED.grp,
+        slot       = EXCLUDED.slot
+    WHERE l.state = 'purged'
+       OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= t))
+       OR (l.state = 'running' AND l.expires_at <= t)
+    RETURNING l.token, l.expires_at, l.fence, l.attempts, l.takeovers, l.cancel, l.slot
+    INTO c;
+    IF NOT FOUND THEN
+        RETURN;  -- a claim of the key crossed ours: the key refuses
+    END IF;
+    UPDATE {schema}.lease_celery_limits l
+    SET slots = l.slots + 1, updated_at = t,
+        tat = CASE WHEN eff_interval IS NULL THEN l.tat
+                   ELSE greatest(COALESCE(l.tat, t), t) + eff_interval END
+    WHERE l.grp = p_grp;
+    DELETE FROM {schema}.lease_celery_waiters w WHERE w.grp = p_grp AND w.key = p_key;
+    RETURN QUERY SELECT 'granted'::text, c.token, c.expires_at, c.fence, c.attempts,
+        c.takeovers, c.cancel, c.slot, 0::bigint, n_running, eff_limit,
+        NULL::double precision;
+END
+$fn$
+
+-- name: claim_limited
+SELECT * FROM {schema}.lease_celery_claim_limited(
+    %(key)s, %(owner)s, %(ttl)s, %(task)s, %(nonce)s, %(now)s::double precision, %(grp)s,
+    %(limit)s, %(rate)s, %(interval)s)
+
+-- name: hand_on
+-- The first waiters of each group (or of %(grp)s) for which a slot is free (all of them once
+-- the limit is lifted), but those handed on less than a grace period ago; marked handed. The
+-- update checks the mark again: of two hand-ons at once, one hands each waiter.
+WITH clock AS (
+    SELECT COALESCE(%(now)s::double precision,
+                    extract(epoch FROM clock_timestamp())::double precision) AS now
+), groups AS (
+    SELECT g.grp, CASE WHEN g.set_limit IS NOT NULL THEN nullif(g.set_limit, 0)
+                       ELSE g.task_limit END AS lim
+    FROM {schema}.lease_celery_limits g
+    WHERE (%(grp)s::text IS NULL OR g.grp = %(grp)s)
+      AND EXISTS (SELECT 1 FROM {schema}.lease_celery_waiters w WHERE w.grp = g.grp)
+), free AS (
+    SELECT groups.grp, groups.lim - (
+        SELECT count(*) FROM {schema}.lease_celery_leases l, clock
+        WHERE l.grp = groups.grp AND l.state = 'running' AND l.expires_at > clock.now) AS free
+    FROM groups
+), chosen AS (
+    SELECT w.grp, w.key FROM free f
+    CROSS JOIN LATERAL (
+        SELECT w.grp, w.key, w.handed_at FROM {schema}.lease_celery_waiters w
+        WHERE w.grp = f.grp ORDER BY w.seq LIMIT f.free) w, clock
+    WHERE (f.free IS NULL OR f.free > 0)
+      AND (w.handed_at IS NULL OR w.handed_at <= clock.now - %(grace)s)
+    LIMIT %(limit)s
+)
+UPDATE {schema}.lease_celery_waiters w SET handed_at = clock.now
+FROM chosen, clock
+WHERE w.grp = chosen.grp AND w.key = chosen.key
+  AND (w.handed_at IS NULL OR w.handed_at <= clock.now - %(grace)s)
+RETURNING w.grp, w.key, w.task, w.since
+
+-- name: limit_set
+WITH clock AS (
+    SELECT COALESCE(%(now)s::double precision,
+                    extract(epoch FROM clock_timestamp())::double precision) AS now
+)
+INSERT INTO {schema}.lease_celery_limits AS l (grp, set_limit, set_rate, set_interval, updated_at)
+SELECT %(grp)s, %(set_limit)s, %(set_rate)s, %(set_interval)s, clock.now FROM clock
+ON CONFLICT (grp) DO UPDATE SET
+    set_limit    = CASE WHEN %(change_limit)s THEN EXCLUDED.set_limit ELSE l.set_limit END,
+    set_rate     = CASE WHEN %(change_rate)s THEN EXCLUDED.set_rate ELSE l.set_rate END,
+    set_interval = CASE WHEN %(change_rate)s THEN EXCLUDED.set_interval ELSE l.set_interval END,
+    tat          = CASE WHEN %(change_rate)s THEN NULL ELSE l.tat END,
+    updated_at   = EXCLUDED.updated_at
+
+-- name: limits_list
+WITH clock AS (
+    SELECT COALESCE(%(now)s::double precision,
+                    extract(epoch FROM clock_timestamp())::double precision) AS now
+)
+SELECT l.grp, l.task_limit, l.task_rate, l.set_limit, l.set_rate, l.updated_at,
+       (SELECT count(*) FROM {schema}.lease_celery_leases r
+        WHERE r.grp = l.grp AND r.state = 'running' AND r.expires_at > clock.now) AS running,
+       (SELECT count(*) FROM {schema}.lease_celery_waiters w WHERE w.grp = l.grp) AS waiting
+FROM {schema}.lease_celery_limits l, clock
+WHERE %(grp)s::text IS NULL OR l.grp = %(grp)s
+ORDER BY l.grp LIMIT %(limit)s
 
 -- name: create_fence
 -- The store-wide fence: a sequence, drawn by every claim (gaps are harmless, order is not lost).
@@ -237,9 +478,10 @@ WITH clock AS (
 )
 INSERT INTO {schema}.lease_celery_leases AS l
        (key, state, owner, token, expires_at, attempts, takeovers, result, updated_at, fence,
-        task, nonce, sweep_at)
+        task, nonce, sweep_at, grp, slot)
 SELECT %(key)s, 'running', %(owner)s, 1, clock.now + %(ttl)s, 1, 0, NULL, clock.now, nextval('{schema}.lease_celery_fence'),
-       %(task)s, %(nonce)s, CASE WHEN %(task)s::text IS NULL THEN NULL ELSE clock.now + %(ttl)s END
+       %(task)s, %(nonce)s, CASE WHEN %(task)s::text IS NULL THEN NULL ELSE clock.now + %(ttl)s END,
+       NULL, NULL
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
     state      = 'running',
@@ -257,7 +499,9 @@ ON CONFLICT (key) DO UPDATE SET
     nonce      = EXCLUDED.nonce,
     settling   = false,
     sweep_at   = EXCLUDED.sweep_at,
-    swept_by   = NULL
+    swept_by   = NULL,
+    grp        = NULL,  -- a limited claim's group and slot (schema 6): this one has none
+    slot       = NULL
 WHERE l.state = 'purged'
    OR (l.state = 'ready' AND (l.not_before IS NULL OR l.not_before <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)))
    OR (l.state = 'running' AND l.expires_at <= COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision))
@@ -476,14 +720,25 @@ SET sweep_at = CASE WHEN state = 'ready' THEN COALESCE(not_before, 0) ELSE expir
 WHERE key = %(key)s AND token = %(token)s AND swept_by IS NOT NULL AND sweep_at IS NOT NULL
 RETURNING key
 
--- name: list
+-- name: list_arm
+-- find(): the rows of one index, newest first. {where} is a literal predicate on state
+-- (lease_celery.stores.sql_glue.FIND_ARMS, never user data): with a literal the planner can
+-- prove the partial index's own predicate in every plan, generic ones included. A tombstone
+-- ('purged') is in no arm.
 SELECT key, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
        not_before, reason, task, settling, checkpoint, cancel
 FROM {schema}.lease_celery_leases
-WHERE state <> 'purged' AND (%(state)s::text IS NULL OR state = %(state)s::text)
+WHERE {where}
   AND (%(prefix)s::text IS NULL OR left(key, length(%(prefix)s::text)) = %(prefix)s::text)
   AND (%(owner)s::text IS NULL OR owner = %(owner)s::text
        OR left(owner, length(%(owner)s::text) + 1) = %(owner)s::text || '/')
+ORDER BY updated_at DESC
+LIMIT %(limit)s
+
+-- name: list_merge
+-- find() without a state: the newest of each index's newest (the arms above, one per {arm}).
+SELECT * FROM ({ready}) AS ready UNION ALL SELECT * FROM ({running}) AS running
+UNION ALL SELECT * FROM ({settled}) AS settled
 ORDER BY updated_at DESC
 LIMIT %(limit)s
 

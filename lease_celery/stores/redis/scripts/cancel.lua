@@ -18,5 +18,5 @@ local owner, token, fence = unpack(redis.call('HMGET', KEYS[1], 'owner', 'token'
 record(KEYS[2], KEYS[1], t, 'dead', owner, token, fence, ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by', 'eta')
 redis.call('ZREM', KEYS[2], KEYS[1])
-redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
+index_lease(KEYS[1], state, 'dead', fmt(t))
 return 1

@@ -10,6 +10,7 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'expires_at', deadline, 'updated_a
            'nonce', ARGV[4])
 redis.call('HDEL', KEYS[1], 'swept_by')
 watch(KEYS[2], KEYS[1], tonumber(deadline))
+index_lease(KEYS[1], state, state, fmt(t))
 local token, fence, attempts, takeovers = unpack(redis.call(
   'HMGET', KEYS[1], 'token', 'fence', 'attempts', 'takeovers'))
 record(KEYS[2], KEYS[1], t, 'completed', ARGV[2], token, fence, 'its owner '

@@ -6,4 +6,5 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[2], 'state', 'in_flight', 'lease_key', ARGV[3],
            'lease_token', ARGV[4], 'lease_owner', ARGV[5], 'started_at', fmt(t),
            'attempts', 1, 'version', 1, 'updated_at', fmt(t))
+index_effect(KEYS[1], nil, 'in_flight', fmt(t))
 return 1

@@ -19,29 +19,35 @@ elseif delay > 0 then
 else
   record(KEYS[2], KEYS[1], t, 'released', owner, token, fence, ARGV[6] ~= '' and ARGV[6] or nil)
 end
-redis.call('HSET', KEYS[1], 'state', ARGV[4], 'expires_at', fmt(t), 'updated_at', fmt(t))
-redis.call('HDEL', KEYS[1], 'swept_by')
-if ARGV[4] == 'done' then redis.call('HDEL', KEYS[1], 'checkpoint', 'cancel') end
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) end
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[6])
-else redis.call('HDEL', KEYS[1], 'reason') end
+-- One write and one delete of the hash's fields (each command costs the server more than a
+-- field): the new state, result and reason; ready: when it is claimable again; done/dead with
+-- settle_within: settling until the owner confirms or the deadline.
+local set = {'state', ARGV[4], 'updated_at', fmt(t)}
+local gone = {'swept_by'}
+if ARGV[4] == 'done' then gone[#gone + 1] = 'checkpoint'; gone[#gone + 1] = 'cancel' end
+if ARGV[5] ~= '' then set[#set + 1] = 'result'; set[#set + 1] = ARGV[5] end
+if ARGV[6] ~= '' then set[#set + 1] = 'reason'; set[#set + 1] = ARGV[6]
+else gone[#gone + 1] = 'reason' end
+local expires_at, watch_at = fmt(t), nil
 if ARGV[4] == 'ready' then
-  local claimable = t
-  if ARGV[7] ~= '' and tonumber(ARGV[7]) > 0 then
-    claimable = t + tonumber(ARGV[7])
-    redis.call('HSET', KEYS[1], 'not_before', fmt(claimable))
+  watch_at = t
+  if delay > 0 then
+    watch_at = t + delay
+    set[#set + 1] = 'not_before'; set[#set + 1] = fmt(watch_at)
   end
-  watch(KEYS[2], KEYS[1], claimable)
-elseif ARGV[8] ~= '' then  -- done/dead, settling until the owner confirms or the deadline
-  local deadline = fmt(t + tonumber(ARGV[8]))
-  redis.call('HSET', KEYS[1], 'settling', '1', 'expires_at', deadline)
-  watch(KEYS[2], KEYS[1], tonumber(deadline))
-else
-  if ARGV[4] == 'done' then
-    drop_task(KEYS[1])
-    compact(KEYS[1])
-  end
+elseif ARGV[8] ~= '' then
+  expires_at = fmt(t + tonumber(ARGV[8]))
+  watch_at = tonumber(expires_at)
+  set[#set + 1] = 'settling'; set[#set + 1] = '1'
+end
+set[#set + 1] = 'expires_at'; set[#set + 1] = expires_at
+redis.call('HSET', KEYS[1], unpack(set))
+redis.call('HDEL', KEYS[1], unpack(gone))
+index_lease(KEYS[1], 'running', ARGV[4], fmt(t))
+if watch_at then
+  watch(KEYS[2], KEYS[1], watch_at)
+else  -- settled at once
+  if ARGV[4] == 'done' then drop_task(KEYS[1]) end
   redis.call('ZREM', KEYS[2], KEYS[1])
-  redis.call('ZADD', terminal_index(KEYS[2]), t, KEYS[1])
 end
 return 1

@@ -8,4 +8,5 @@ redis.call('HSET', KEYS[1], 'state', 'ready', 'expires_at', fmt(t), 'updated_at'
            'reason', ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'swept_by')
 watch(KEYS[2], KEYS[1], t)
+index_lease(KEYS[1], 'running', 'ready', fmt(t))
 return 1

@@ -28,6 +28,8 @@ local function int(x) return string.format('%.0f', tonumber(x)) end
 -- take up and send again.
 local EPOCH_KEY = table.remove(ARGV, 1)
 local EPOCH_SEEN = table.remove(ARGV, 1)
+-- The store's key prefix ("<prefix>epoch" -> "<prefix>"): the indexes are named after it.
+local PREFIX = string.sub(EPOCH_KEY, 1, -6)
 local EPOCH_FLOOR = 0
 local function lost_reply(why)
   return redis.error_reply('LEASE_EPOCH_LOST ' .. why)
@@ -72,32 +74,72 @@ local function watch(index, hash, at)
   if redis.call('HEXISTS', hash, 'task') == 1 then redis.call('ZADD', index, at, hash)
   else redis.call('ZREM', index, hash) end
 end
--- The terminal index (a sorted set of settled done/dead hashes by when they ended) is what
--- retention prunes, oldest first, without reading the live rows.
-local function terminal_index(index)
-  return string.sub(index, 1, -8) .. 'terminal'  -- "<prefix>running" -> "<prefix>terminal"
+-- The state indexes, which operator reads use instead of a SCAN (RedisStore.find, stats,
+-- effect_find): a sorted set of lease hashes per state ("<prefix>index:lease:<state>") scored
+-- by updated_at (the order find() lists in), and the running hashes by expires_at
+-- ("<prefix>index:lease:expiry", what stats() counts as expired). A hash is in the index of
+-- its state and in no other. Each script that changes a hash's state or updated_at, or a
+-- running lease's expires_at, moves its entries itself (index_lease), atomically with the
+-- change. The done and dead indexes are also what retention prunes, oldest first, without
+-- reading the live rows (they replace the terminal index of the version before, which held
+-- the settled done/dead hashes by when they ended: the same score, updated_at).
+local LEASE_STATES = {'ready', 'running', 'done', 'dead'}
+local EXPIRY_INDEX = PREFIX .. 'index:lease:expiry'
+local function state_index(state) return PREFIX .. 'index:lease:' .. state end
+-- old: the hash's state before the change (nil: it had no hash); new: after it. updated_at
+-- and expires_at as written on the hash ('%.6f' text: the score is the same double).
+local function index_lease(hash, old, new, updated_at, expires_at)
+  if old and old ~= new then redis.call('ZREM', state_index(old), hash) end
+  redis.call('ZADD', state_index(new), updated_at, hash)
+  if new == 'running' then redis.call('ZADD', EXPIRY_INDEX, expires_at, hash)
+  elseif old == 'running' then redis.call('ZREM', EXPIRY_INDEX, hash) end
 end
--- Rewrite a hash whose task info was just deleted: Redis never turns a hash back into its
--- compact encoding (listpack) once a long value (the task info) made it a hashtable, and a
--- settled row would keep more than twice the memory it needs for as long as it is kept.
-local function compact(hash)
-  local fields = redis.call('HGETALL', hash)
-  redis.call('DEL', hash)
-  if #fields > 0 then redis.call('HSET', hash, unpack(fields)) end
+-- The hash (in state) is deleted.
+local function unindex_lease(hash, state)
+  if not state then return end
+  redis.call('ZREM', state_index(state), hash)
+  if state == 'running' then redis.call('ZREM', EXPIRY_INDEX, hash) end
+end
+-- Effect receipts, the same way: "<prefix>index:effect:<state>" by updated_at (new nil: the
+-- receipt is deleted).
+local EFFECT_STATES = {'in_flight', 'done', 'needs_reconciliation'}
+local function effect_index(state) return PREFIX .. 'index:effect:' .. state end
+local function index_effect(hash, old, new, updated_at)
+  if old and old ~= new then redis.call('ZREM', effect_index(old), hash) end
+  if new then redis.call('ZADD', effect_index(new), updated_at, hash) end
 end
 -- A settled done row needs its task info no more, but keeps the task id (field task_id, short
 -- enough for the compact encoding): a duplicate under another task id is answered, one under
--- the same id dropped (lease_celery.answers).
+-- the same id dropped (lease_celery.answers). The hash is written anew without the task info:
+-- Redis never turns a hash back into its compact encoding (listpack) once a long value (the
+-- task info) made it a hashtable, and a settled row would keep more than twice the memory it
+-- needs for as long as it is kept. (One read and one write, whatever the fields.)
 local function drop_task(hash)
-  local task = redis.call('HGET', hash, 'task')
-  redis.call('HDEL', hash, 'task')
-  if task then
-    local ok, info = pcall(cjson.decode, task)
-    local options = ok and type(info) == 'table' and info.options
-    if type(options) == 'table' and type(options.task_id) == 'string' then
-      redis.call('HSET', hash, 'task_id', options.task_id)
+  local fields = redis.call('HGETALL', hash)
+  local task_id = nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 'task' then
+      local ok, info = pcall(cjson.decode, fields[i + 1])
+      local options = ok and type(info) == 'table' and info.options
+      if type(options) == 'table' and type(options.task_id) == 'string' then
+        task_id = options.task_id
+      end
     end
   end
+  local kept = {}
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if name ~= 'task' and not (task_id and name == 'task_id') then
+      kept[#kept + 1] = name
+      kept[#kept + 1] = fields[i + 1]
+    end
+  end
+  if task_id then
+    kept[#kept + 1] = 'task_id'
+    kept[#kept + 1] = task_id
+  end
+  redis.call('DEL', hash)
+  if #kept > 0 then redis.call('HSET', hash, unpack(kept)) end
 end
 -- The history list of a lease hash ("<prefix>lease:<key>" -> "<prefix>history:<key>"), from
 -- the running index's name ("<prefix>running"): it goes when the hash goes.
@@ -134,4 +176,70 @@ local function lease_current(lease_hash, owner, token, t)
   local state, o, tok, expires_at = unpack(redis.call(
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
   return state == 'running' and o == owner and tok == token and tonumber(expires_at) > t
+end
+-- The claim (claim.lua, claim_limited.lua): take a lease hash that is free (no row, ready and
+-- past its backoff, or running with an expired lease: a takeover). grp and slot: a limited
+-- claim's group and slot token (nil: none). Returns the claim's reply, or false.
+local function claim_lease(lease_hash, counter, fence_key, index, owner, ttl, task, nonce, t,
+                           grp, slot)
+  local state, expires_at, not_before, previous_owner, previous_token, attempts, takeovers,
+        cancel = unpack(redis.call('HMGET', lease_hash, 'state', 'expires_at', 'not_before',
+                                   'owner', 'token', 'attempts', 'takeovers', 'cancel'))
+  local takeover = state == 'running' and tonumber(expires_at) <= t
+  local ready = state == 'ready' and (not not_before or tonumber(not_before) <= t)
+  if state and not ready and not takeover then
+    return false
+  end
+  local token = next_counter(counter)
+  local fence = next_counter(fence_key)  -- the store-wide fence
+  local deadline = fmt(t + tonumber(ttl))
+  attempts = int((tonumber(attempts) or 0) + 1)
+  takeovers = int((tonumber(takeovers) or 0) + (takeover and 1 or 0))
+  -- One write and one delete: each command a script sends costs the server more than a field.
+  local set = {'state', 'running', 'owner', owner, 'token', int(token), 'expires_at', deadline,
+               'updated_at', fmt(t), 'fence', int(fence), 'nonce', nonce,
+               'attempts', attempts, 'takeovers', takeovers}
+  local gone = {'result', 'not_before', 'settling', 'swept_by', 'eta', 'task_id'}
+  if task ~= '' then set[#set + 1] = 'task'; set[#set + 1] = task
+  else gone[#gone + 1] = 'task' end  -- never a previous delivery's
+  if grp then
+    set[#set + 1] = 'grp'; set[#set + 1] = grp
+    set[#set + 1] = 'slot'; set[#set + 1] = int(slot)
+  else gone[#gone + 1] = 'grp'; gone[#gone + 1] = 'slot' end
+  redis.call('HSET', lease_hash, unpack(set))
+  redis.call('HDEL', lease_hash, unpack(gone))
+  -- The attention index (watch(), knowing whether the hash has task info now).
+  if task ~= '' then redis.call('ZADD', index, deadline, lease_hash)
+  else redis.call('ZREM', index, lease_hash) end
+  index_lease(lease_hash, state, 'running', fmt(t), deadline)
+  if takeover then
+    record(index, lease_hash, t, 'taken_over', owner, token, fence, 'the lease of '
+           .. (previous_owner or '?') .. ' (token ' .. (previous_token or '?') .. ') had lapsed')
+  else
+    record(index, lease_hash, t, 'claimed', owner, token, fence, nil)
+  end
+  return {int(token), deadline, int(fence), attempts, takeovers, cancel or ''}
+end
+-- Key-group limits (lease_celery.limits). A group's slots set holds the lease hashes granted
+-- a slot; the running count is those still running in the group with an unexpired lease
+-- (the others leave the set as they are met: a slot is freed with its lease, by any script).
+local function group_running(slots, grp, t, except)
+  local n = 0
+  for _, member in ipairs(redis.call('SMEMBERS', slots)) do
+    local state, expires_at, g = unpack(redis.call('HMGET', member, 'state', 'expires_at',
+                                                   'grp'))
+    if state == 'running' and g == grp and tonumber(expires_at) > t then
+      if member ~= except then n = n + 1 end
+    else
+      redis.call('SREM', slots, member)
+    end
+  end
+  return n
+end
+-- The limit or interval in force: an operator's (0: lifted), else the task's; nil for none.
+local function in_force(group_hash, task_field, set_field)
+  local task_value, set_value = unpack(redis.call('HMGET', group_hash, task_field, set_field))
+  local value = tonumber(set_value ~= nil and set_value ~= false and set_value or task_value)
+  if value == nil or value == 0 then return nil end
+  return value
 end

@@ -6,6 +6,6 @@ if not state or (state == 'running' and tonumber(expires_at) > t) then
   return 0
 end
 redis.call('ZREM', KEYS[3], KEYS[1])
-redis.call('ZREM', terminal_index(KEYS[3]), KEYS[1])
+unindex_lease(KEYS[1], state)
 redis.call('DEL', history_key(KEYS[3], KEYS[1]))
 return redis.call('DEL', KEYS[1])

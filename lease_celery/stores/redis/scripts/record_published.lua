@@ -11,4 +11,5 @@ redis.call('HSET', KEYS[1], 'state', 'ready', 'token', int(tonumber(redis.call('
            'attempts', 0, 'takeovers', 0, 'fence', 0, 'updated_at', fmt(t), 'eta', fmt(eta),
            'task', ARGV[2])
 watch(KEYS[3], KEYS[1], eta)
+index_lease(KEYS[1], nil, 'ready', fmt(t))
 return 1

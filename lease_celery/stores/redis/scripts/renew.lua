@@ -13,6 +13,7 @@ for i = 2, #KEYS do
     local deadline = fmt(t + tonumber(ARGV[2]))
     redis.call('HSET', key, 'expires_at', deadline, 'updated_at', fmt(t))
     watch(KEYS[1], key, tonumber(deadline))
+    index_lease(key, state, state, fmt(t), deadline)
     out[n] = {deadline, redis.call('HGET', key, 'cancel') or ''}  -- an operator's cancel
   else
     out[n] = {'', ''}

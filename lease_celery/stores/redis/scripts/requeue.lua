@@ -6,5 +6,5 @@ redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'takeovers', 0,
            'updated_at', fmt(t), 'reason', ARGV[2])
 redis.call('HDEL', KEYS[1], 'not_before', 'settling', 'swept_by', 'cancel', 'eta')
 watch(KEYS[2], KEYS[1], t)
-redis.call('ZREM', terminal_index(KEYS[2]), KEYS[1])
+index_lease(KEYS[1], 'dead', 'ready', fmt(t))
 return 1

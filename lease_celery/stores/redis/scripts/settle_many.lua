@@ -13,10 +13,9 @@ for i = 2, #KEYS do
     redis.call('HSET', key, 'updated_at', fmt(t))
     if state == 'done' then
       drop_task(key)
-      compact(key)
     end
     redis.call('ZREM', KEYS[1], key)
-    redis.call('ZADD', terminal_index(KEYS[1]), t, key)
+    index_lease(key, state, state, fmt(t))
     out[n] = 1
   elseif ours and (state == 'done' or state == 'dead') then
     out[n] = 1
