@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 import io
-import re
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from celery import Celery
 
 from lease_celery import LeasedTask, doctor
 from lease_celery.doctor import Finding, diagnose
+from tests.support.docs import rendered_rows
 from tests.support.policy_helpers import PYTHON_M, cli_env, parse_json, run_cli
 from tests.support.private_redis import DURABLE, private_redis
 
@@ -449,22 +449,16 @@ def test_doctor_explains_the_grace_to_tasks_that_record_at_publish(sqlite_url: s
 
 
 def _documented_settings() -> list[tuple[str, str]]:
-    """(name, where) of every ``lease_*`` name in the README's settings table: ``task`` for a
-    task-only option, ``app`` for an app-wide setting, ``both`` for the rest."""
-    table = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = table.split("## Settings", 1)[1].split("\n## ", 1)[0]
-    found = []
-    for line in table.splitlines():
-        if not line.startswith("| `lease_"):
-            continue
-        first = line.split("|")[1]
-        where = "task" if "(task only)" in first else "app" if "(app-wide)" in first else "both"
-        found += [(name, where) for name in re.findall(r"`(lease_[a-z_]+)`", first)]
-    return found
+    """(name, where) of every ``lease_*`` name in the documentation's settings table
+    (docs/reference/settings.md, rendered by docs/hooks.py): ``task`` for a task-only option,
+    ``app`` for an app-wide setting, ``both`` for the rest."""
+    where = {"task option only": "task", "app-wide only": "app", "app, or per task": "both"}
+    return [(name, where[scope]) for name, (scope, _) in rendered_rows().items()
+            if name.startswith("lease_")]
 
 
 def test_every_documented_setting_is_one_doctor_knows(sqlite_url: str) -> None:
-    """Each ``lease_*`` name of the README's settings table, set where the table says it
+    """Each ``lease_*`` name of the documentation's settings table, set where it says it
     goes, draws no ``settings.unknown`` or ``settings.app_only`` finding: the table and the
     names doctor knows (lease_celery.names) do not drift apart."""
     documented = _documented_settings()

@@ -71,3 +71,49 @@ def test_the_lease_handle_shows_a_body_only_what_is_its_own() -> None:
     for name in ("lost", "cancelled"):
         member = inspect.getattr_static(LeaseHandle, name)
         assert isinstance(member, property) and member.fset is None, name
+
+
+def test_the_package_metadata_is_ready_for_an_index() -> None:
+    """The installed distribution's metadata: the SPDX license with its file, the Celery
+    framework classifier, this interpreter's version among those claimed (the suite runs on
+    it), keywords, the users' extras only; the changelog has a section for
+    ``__version__``."""
+    import sys
+    from importlib import metadata
+    from pathlib import Path
+
+    import lease_celery
+
+    repo = Path(__file__).resolve().parents[2]
+    found = metadata.metadata("lease-celery")
+    assert found["License-Expression"] == "MIT"
+    assert found.get_all("License-File") == ["LICENSE"] and (repo / "LICENSE").is_file()
+    classifiers = found.get_all("Classifier") or []
+    assert "Framework :: Celery" in classifiers
+    running = f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}"
+    assert running in classifiers, classifiers
+    assert "celery" in (found["Keywords"] or "").split(",")
+    # The contributors' tools are dependency groups, not extras users could install.
+    assert set(found.get_all("Provides-Extra") or []) == {
+        "postgres", "redis", "sqs", "prometheus", "otel", "web"}
+    changelog = (repo / "CHANGELOG.md").read_text()
+    assert f"## {lease_celery.__version__} " in changelog
+
+
+def test_an_installed_package_that_cannot_load_says_what_to_do_instead() -> None:
+    """``extras.needs``: a package missing names the extra's install command; one installed
+    that fails to load (psycopg without a libpq) says what its ``if_broken`` says instead."""
+    import pytest
+
+    from lease_celery.extras import needs
+
+    broken = "psycopg is installed but loads no libpq: install libpq5"
+    loading = needs("the store", "psycopg", extra="postgres", if_broken=broken)
+    with pytest.raises(ImportError, match=r"\(no pq wrapper available\): psycopg is installed "
+                                          r"but loads no libpq") as caught, loading:
+        raise ImportError("no pq wrapper available")
+    assert not isinstance(caught.value, ModuleNotFoundError)
+    missing = needs("the store", "psycopg", extra="postgres", if_broken=broken)
+    with pytest.raises(ModuleNotFoundError,
+                       match=r"pip install 'lease-celery\[postgres\]'"), missing:
+        raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")

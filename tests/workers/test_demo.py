@@ -21,6 +21,8 @@ import redis
 
 from tests.support.servers import REDIS_HOST, REDIS_PORT, require
 
+#: The checkout: the example project runs from it (it is not installed).
+REPO = Path(__file__).resolve().parents[2]
 #: A Redis database of these tests' own (tests/support/servers.py's REDIS_DB belongs to the others).
 DEMO_REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/12"
 
@@ -30,7 +32,10 @@ def run_demo(tmp_path: Path, *extra: str) -> tuple[dict[str, Any], str]:
     command = [sys.executable, "-m", "example_project", "demo", "--tasks", "3",
                "--data-dir", str(tmp_path / "data"), "--json", str(summary), *extra]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=150,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          # The example project is not installed: it runs from the checkout.
+                          env={**os.environ, "PYTHONUNBUFFERED": "1",
+                               "PYTHONPATH": os.pathsep.join(
+                                   [str(REPO), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, f"demo failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(summary.read_text()), done.stdout
 

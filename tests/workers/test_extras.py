@@ -1,11 +1,12 @@
 """Each extra gives a working broker and store on a fresh venv: what ``pip install
 'lease-celery[<extra>]'`` gets a user, with nothing from the development venv.
 
-The repository's files are copied out (no build artefacts, no .venv) and built into a wheel
-once; each test makes a venv of its own in tmp (``python -m venv --without-pip``, no system
-site-packages), installs ``<wheel>[<extra>]`` into it with pip (``pip --python``: the venv's
-own pip would install the same thing, only slower), and then runs the venv's own python, with
-no inherited ``PYTHON*`` variables and a working directory outside the repository:
+The repository's files are copied out (no build artefacts, no .venv) and built into an sdist
+and a wheel once (``python -m build``, as a release would); each test makes a venv of its own
+in tmp (``python -m venv --without-pip``, no system site-packages), installs
+``<wheel>[<extra>]`` into it with pip (``pip --python``: the venv's own pip would install the
+same thing, only slower), and then runs the venv's own python, with no inherited
+``PYTHON*`` variables and a working directory outside the repository:
 
 - ``redis``: a real ``celery worker`` (prefork) on a Redis broker and result backend, with a
   Redis lease store; the venv's client sends a LeasedTask and gets its result.
@@ -33,9 +34,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,16 +125,74 @@ print("EXTRAS:" + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """lease-celery built (non-editable) from a copy of the repository's files."""
+def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """lease-celery's sdist and wheel, as a release builds them from a copy of the
+    repository's files: ``python -m build`` makes the sdist, then the wheel from the sdist
+    alone (so a file the sdist lacks breaks the wheel)."""
     base = tmp_path_factory.mktemp("extras-build")
     shutil.copytree(REPO, base / "src", ignore=_NOT_SOURCE)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                           str(base / "dist"), str(base / "src")],
+    done = subprocess.run([sys.executable, "-m", "build", "-o", str(base / "dist"),
+                           str(base / "src")],
                           capture_output=True, text=True, timeout=PIP_TIMEOUT, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    (sdist,) = (base / "dist").glob("lease_celery-*.tar.gz")
     (built,) = (base / "dist").glob("lease_celery-*.whl")
-    return built
+    return sdist, built
+
+
+@pytest.fixture(scope="module")
+def wheel(dists: tuple[Path, Path]) -> Path:
+    return dists[1]
+
+
+def test_the_sdist_holds_the_library_and_what_a_release_needs(
+        dists: tuple[Path, Path]) -> None:
+    """The sdist an index would get: the package with its data, the README, LICENSE,
+    CHANGELOG and pyproject.toml, and nothing of the checkout beyond (no tests, example
+    project, docs, caches or databases); ``twine check`` passes."""
+    sdist = dists[0]
+    with tarfile.open(sdist) as archive:
+        names = [name.split("/", 1)[1] for name in archive.getnames() if "/" in name]
+    tops = {name.split("/", 1)[0] for name in names}
+    assert tops == {"lease_celery", "lease_celery.egg-info", "LICENSE", "README.md",
+                    "CHANGELOG.md", "pyproject.toml", "PKG-INFO", "setup.cfg",
+                    "MANIFEST.in"}, tops
+    for data in ("lease_celery/py.typed", "lease_celery/stores/sql/postgres.sql",
+                 "lease_celery/stores/redis/scripts/prelude.lua",
+                 "lease_celery/web/static/dashboard.css", "lease_celery/task.py"):
+        assert data in names, data
+    assert not [name for name in names if "__pycache__" in name or ".sqlite3" in name]
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_wheel_holds_the_library_its_data_and_its_entry_points(wheel: Path) -> None:
+    """The wheel an index would get: only ``lease_celery`` (no ``example_project``, no tests),
+    with its SQL, Lua, CSS and ``py.typed``; the license file; the ``celery leases`` command
+    and the pytest plugin as entry points; the users' extras only; ``twine check`` passes."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(info).decode()
+        entry_points = archive.read(info.replace("METADATA", "entry_points.txt")).decode()
+    tops = {name.split("/", 1)[0] for name in names}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"lease_celery"}, tops
+    for data in ("lease_celery/py.typed", "lease_celery/stores/sql/sqlite.sql",
+                 "lease_celery/stores/sql/postgres.sql",
+                 "lease_celery/stores/redis/scripts/claim_limited.lua",
+                 "lease_celery/web/static/dashboard.css"):
+        assert data in names, data
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), names
+    assert "leases = lease_celery.cli:leases" in entry_points
+    assert "lease_celery = lease_celery.pytest_plugin" in entry_points
+    extras = {line.split(": ", 1)[1] for line in metadata.splitlines()
+              if line.startswith("Provides-Extra: ")}
+    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web"}
+    assert "License-Expression: MIT" in metadata
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def fresh_venv(tmp_path: Path, wheel: Path, extra: str) -> Path:
@@ -234,6 +295,10 @@ def test_redis_extra_runs_a_redis_broker_and_store(
                              "import redis.utils; print(redis.utils.HIREDIS_AVAILABLE)"],
                             capture_output=True, text=True, timeout=60, check=False)
     assert parser.stdout.strip() == "True", parser.stdout + parser.stderr
+    helped = subprocess.run([str(venv / "bin" / "celery"), "leases", "--help"],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            env=_clean_env())
+    assert helped.returncode == 0 and "limits" in helped.stdout, helped.stdout + helped.stderr
     one = Scene(tmp_path, venv, {"EXTRAS_BROKER": REDIS_URL, "EXTRAS_BACKEND": REDIS_URL,
                                  "EXTRAS_STORE": redis_store_url,
                                  "EXTRAS_ABSENT": "pytest psycopg prometheus_client"})
