@@ -92,8 +92,15 @@ def _signals() -> list[Any]:
 
 @pytest.fixture
 def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A working directory on sys.path; the modules imported from it, and a global
-    instrumentation an example switched on, are gone afterwards."""
+    """A working directory on sys.path; the modules imported from it, the receivers an example
+    connected and a global instrumentation it switched on are gone afterwards.
+
+    lease_celery's own receivers are connected first: the first LeasedTask an example binds
+    would connect them once per process, and taking them away with the example's would leave
+    the rest of this process unwired (no metrics, no history) for good."""
+    from lease_celery import wiring
+
+    wiring.install()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)
@@ -120,6 +127,26 @@ def test_the_pages_python_examples_run(page: Path, sandbox: Path) -> None:
     """Every runnable ```python block of the page runs as written, and the tests it defines
     pass."""
     run_page(page, sandbox)
+
+
+def test_the_examples_leave_lease_celery_wired() -> None:
+    """After the pages ran (the tests above, in this process), lease_celery's receivers are
+    still connected: a leased run here is counted by metrics."""
+    from celery import Celery
+
+    from lease_celery import LeasedTask, metrics
+    from lease_celery.testing import scratch_leases
+
+    app = Celery("docs-wired", broker="memory://", set_as_current=False)
+
+    @app.task(base=LeasedTask, lease_key="wired:{n}", shared=False)
+    def wired(n: int) -> int:
+        return n
+
+    with scratch_leases(app):
+        before = metrics.snapshot()["totals"]["claims"]
+        assert wired.apply((1,)).get() == 1
+        assert metrics.snapshot()["totals"]["claims"] == before + 1
 
 
 def test_examples_run_on_most_pages_and_skips_are_rare() -> None:
