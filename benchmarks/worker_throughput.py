@@ -28,7 +28,8 @@ its rate divided by the mean of the two plain batches around it. The table shows
 over rounds. ``publish/s`` is the publisher's own rate: celery-once and celery-singleton take
 their lock at publish time, which the worker-side rate does not see.
 
-CPU per task, by process: user + system time (``/proc/<pid>/stat``) over the batch, from the
+CPU per task, by process: user + system time (``/proc/<pid>/stat``; the Redis server's from
+its own ``INFO cpu``, in microseconds where /proc counts 10 ms ticks) over the batch, from the
 resume to the last settle confirmation, divided by its tasks: the worker (its main process and
 pool processes), the Redis server (the broker, and the store of the ``redis`` variant) and
 every PostgreSQL server process (the ``postgres`` variants' store). SQLite's cost is in the
@@ -206,16 +207,25 @@ def processes_named(name: str) -> list[int]:
 class CpuMeter:
     """CPU seconds per part (``CPU_PARTS``) between two readings: a process that starts in
     between counts from zero, one that ends in between is lost (PostgreSQL backends of the
-    pool, which stay connected, rarely do)."""
+    pool, which stay connected, rarely do).
 
-    def __init__(self, worker_pid: int, redis_pid: int | None) -> None:
-        self.worker_pid, self.redis_pid = worker_pid, redis_pid
+    The Redis server's figure is its own account (``INFO cpu``: getrusage, in microseconds):
+    /proc counts in clock ticks (10 ms), more than the broker spends on a small batch."""
+
+    def __init__(self, worker_pid: int, redis: Any = None) -> None:
+        self.worker_pid, self.redis = worker_pid, redis
+
+    def _redis_cpu(self) -> dict[int, float]:
+        if self.redis is None:
+            return {}
+        info = self.redis.info("cpu")
+        return {0: float(info["used_cpu_user"]) + float(info["used_cpu_sys"])}
 
     def read(self) -> dict[str, dict[int, float]]:
         parts = {"worker": process_tree(self.worker_pid), "worker_main": [self.worker_pid],
-                 "redis": [self.redis_pid] if self.redis_pid else [],
                  "postgres": processes_named("postgres")}
-        return {part: {pid: _cpu_of(pid) for pid in pids} for part, pids in parts.items()}
+        read = {part: {pid: _cpu_of(pid) for pid in pids} for part, pids in parts.items()}
+        return {**read, "redis": self._redis_cpu()}
 
     @staticmethod
     def spent(before: dict[str, dict[int, float]],
@@ -304,9 +314,6 @@ class Run:
         self._history_rows: dict[str, int] = {}  # no-history variant -> entries at the drop
         self.app_module: ModuleType | None = None
         self._batches = 0
-        # The broker's server process, when it runs on this machine (CPU per task).
-        redis_pid = int(self.redis.info("server").get("process_id", 0))
-        self.redis_pid = redis_pid if Path(f"/proc/{redis_pid}").exists() else None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -433,7 +440,7 @@ class Run:
         self._batches += 1
         batch = f"{self.id}-{self._batches}"
         worker.pause()
-        meter = CpuMeter(worker.process.pid, self.redis_pid)
+        meter = CpuMeter(worker.process.pid, self.redis)
         start = time.perf_counter()
         with app_module.app.producer_or_acquire() as producer:
             for i in range(tasks):

@@ -220,3 +220,24 @@ def test_publish_record_benchmark_measures_both_sides() -> None:
     assert [row[0] for row in rows] == ["sqlite", "postgres", "redis"], run.stdout
     assert all(float(value.replace(",", "")) > 0 for row in rows for value in row[1:]), (
         run.stdout)
+
+
+def test_the_cpu_meter_reads_the_redis_server_finer_than_a_clock_tick() -> None:
+    """The Redis column of ``worker_throughput.py`` comes from the server's own account
+    (``INFO cpu``, microseconds), not /proc's clock ticks: a tiny run's batch of 50 plain tasks
+    costs the broker less than one tick (10 ms), which /proc read as 0 µs per task."""
+    require("Redis", *redis_reachable())
+    import os
+
+    import redis
+
+    from benchmarks.worker_throughput import CpuMeter
+
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    meter = CpuMeter(os.getpid(), redis=client)
+    before = meter.read()
+    for _ in range(200):
+        client.ping()
+    spent = CpuMeter.spent(before, meter.read())["redis"]
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    assert spent > 0 and round(spent * 1e6) % tick_us != 0, spent
