@@ -9,6 +9,8 @@ Recording never breaks a task: it runs in signal receivers, whose errors Celery 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import threading
 from collections import defaultdict
@@ -69,14 +71,21 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 class _Histogram:
     count: int = 0
     total: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * len(_BUCKETS))
+    #: Observations per bucket, each counted once (in the first bucket whose bound holds it);
+    #: ``buckets`` adds them up as Prometheus does.
+    per_bucket: list[int] = field(default_factory=lambda: [0] * len(_BUCKETS))
 
     def observe(self, value: float) -> None:
         self.count += 1
         self.total += value
-        for i, bound in enumerate(_BUCKETS):
-            if value <= bound:
-                self.buckets[i] += 1
+        index = bisect.bisect_left(_BUCKETS, value)
+        if index < len(_BUCKETS):  # NaN lands nowhere, as with the comparisons before
+            self.per_bucket[index] += 1
+
+    @property
+    def buckets(self) -> list[int]:
+        """Cumulative: how many observations were at most each bound."""
+        return list(itertools.accumulate(self.per_bucket))
 
 
 _lock = threading.Lock()
@@ -150,19 +159,26 @@ def _gauge_moves(signal_name: str, task: str, fields: dict[str, Any]) -> dict[st
     return {"limit_running": len(held) - before} if len(held) != before else {}
 
 
+#: The signals that may move a limit gauge (the others skip the gauge bookkeeping).
+_GAUGED = frozenset({"limit_wait", "limit_handed_on", "lease_acquired", *_HOLD_ENDS})
+_NO_MOVES: dict[str, int] = {}
+
+
 def _record(signal_name: str, sender: Any, fields: dict[str, Any]) -> None:
     counter = COUNTERS[signal_name]
     waiter = fields.get("waiter")
     # A hand-on is sent by the app, for a waiter of some task: counted under that task.
     task = (str((waiter.task or {}).get("task") or "") if waiter is not None
             else _label(sender))
-    observed = [(name, float(value)) for name, kw in _OBSERVES[signal_name]
-                if (value := fields.get(kw)) is not None]
+    observes = _OBSERVES[signal_name]
+    observed = [(name, float(value)) for name, kw in observes
+                if (value := fields.get(kw)) is not None] if observes else []
     with _lock:
         _counts[counter][task] += 1
         for name, value in observed:
             _histograms[name].observe(value)
-        moves = _gauge_moves(signal_name, task, fields)
+        moves = (_gauge_moves(signal_name, task, fields) if signal_name in _GAUGED
+                 else _NO_MOVES)
         for name, by in moves.items():
             _gauges[name][task] += by
     prometheus = _prometheus if _prometheus is not None else _prometheus_metrics()

@@ -248,3 +248,22 @@ def test_first_events_recorded_concurrently_all_reach_prometheus() -> None:
                           timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout.strip().splitlines()[-1]) == 4.0
+
+
+def test_snapshot_histogram_buckets_count_as_prometheus_does() -> None:
+    """Each bound's bucket counts the observations at most that bound (cumulative, ``inf``
+    all of them), the same counts prometheus_client's own Histogram gives the same values:
+    values on a bound, between bounds, below the first and past the last finite one."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    values = [0.0, 0.005, 0.0051, 0.3, 1.0, 2.6, 299.0, 300.0, 301.0, 1e9]
+    ours = metrics._Histogram()
+    theirs = Histogram("h", "h", buckets=metrics._BUCKETS, registry=CollectorRegistry())
+    for value in values:
+        ours.observe(value)
+        theirs.observe(value)
+    expected = [int(sample.value) for sample in next(iter(theirs.collect())).samples
+                if sample.name == "h_bucket"]
+    assert ours.buckets == expected
+    assert ours.count == len(values) and ours.total == sum(values)
+    assert ours.buckets[-1] == len(values) and ours.buckets[0] == 2
