@@ -204,22 +204,7 @@ BEGIN
             nextval('{schema}.lease_celery_fence'), p_task, p_nonce,
             CASE WHEN p_task IS NULL THEN NULL ELSE t + p_ttl END, p_grp, g.slots + 1)
     ON CONFLICT (key) DO UPDATE SET
-        state      = 'running',
-        owner      = EXCLUDED.owner,
-        token      = l.token + 1,
-        expires_at = EXCLUDED.expires_at,
-        attempts   = CASE WHEN l.state = 'purged' THEN 1 ELSE l.attempts + 1 END,
-        takeovers  = CASE WHEN l.state = 'running' THEN l.takeovers + 1
-                          WHEN l.state = 'purged' THEN 0 ELSE l.takeovers END,
-        not_before = NULL,
-        result     = NULL,
-        updated_at = EXCLUDED.updated_at,
-        fence      = EXCLUDED.fence,
-        task       = EXCLUDED.task,
-        nonce      = EXCLUDED.nonce,
-        settling   = false,
-        sweep_at   = EXCLUDED.sweep_at,
-        swept_by   = NULL,
+        {fragment_claim_takes_the_row}
         grp        = EXCLUDED.grp,
         slot       = EXCLUDED.slot
     WHERE l.state = 'purged'
@@ -466,6 +451,27 @@ SELECT COALESCE(%(now)s::double precision,
 -- not from a value taken when the statement started: a statement that waited for a row lock
 -- re-checks the row after the wait, and must then judge it at that later instant.
 
+-- name: fragment_claim_takes_the_row
+-- Not a query: what a claim's upsert sets on the row it takes (a new token, one attempt more,
+-- a takeover counted, the delivery's task info), written once for the plain claim and the
+-- limited claim's function (queries.load_queries puts it in where {fragment_...} stands).
+state      = 'running',
+owner      = EXCLUDED.owner,
+token      = l.token + 1,
+expires_at = EXCLUDED.expires_at,
+attempts   = CASE WHEN l.state = 'purged' THEN 1 ELSE l.attempts + 1 END,
+takeovers  = CASE WHEN l.state = 'running' THEN l.takeovers + 1
+                  WHEN l.state = 'purged' THEN 0 ELSE l.takeovers END,
+not_before = NULL,
+result     = NULL,
+updated_at = EXCLUDED.updated_at,
+fence      = EXCLUDED.fence,
+task       = EXCLUDED.task,  -- this delivery's, or none: never a previous one's
+nonce      = EXCLUDED.nonce,
+settling   = false,
+sweep_at   = EXCLUDED.sweep_at,
+swept_by   = NULL,
+
 -- name: claim
 -- One statement: a new key starts at token 1; a conflicting row is locked and re-checked in its
 -- latest version, and taken only when purged, ready and past its backoff, or running with an
@@ -484,22 +490,7 @@ SELECT %(key)s, 'running', %(owner)s, 1, clock.now + %(ttl)s, 1, 0, NULL, clock.
        NULL, NULL
 FROM clock
 ON CONFLICT (key) DO UPDATE SET
-    state      = 'running',
-    owner      = EXCLUDED.owner,
-    token      = l.token + 1,
-    expires_at = EXCLUDED.expires_at,
-    attempts   = CASE WHEN l.state = 'purged' THEN 1 ELSE l.attempts + 1 END,
-    takeovers  = CASE WHEN l.state = 'running' THEN l.takeovers + 1
-                      WHEN l.state = 'purged' THEN 0 ELSE l.takeovers END,
-    not_before = NULL,
-    result     = NULL,
-    updated_at = EXCLUDED.updated_at,
-    fence      = EXCLUDED.fence,
-    task       = EXCLUDED.task,  -- this delivery's, or none: never a previous one's
-    nonce      = EXCLUDED.nonce,
-    settling   = false,
-    sweep_at   = EXCLUDED.sweep_at,
-    swept_by   = NULL,
+    {fragment_claim_takes_the_row}
     grp        = NULL,  -- a limited claim's group and slot (schema 6): this one has none
     slot       = NULL
 WHERE l.state = 'purged'
