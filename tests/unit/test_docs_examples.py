@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import _state as celery_state
 
 from lease_celery.testing import ManualClock, scratch_store
 
@@ -101,6 +102,9 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     from lease_celery import wiring
 
     wiring.install()
+    # An example's @shared_task (or app.task, shared by default) stays in Celery's list of
+    # tasks every app finalized later gets: a doctor test after it saw docs_example_* tasks.
+    finalizers = set(celery_state._on_app_finalizers)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)
@@ -109,6 +113,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     try:
         yield tmp_path
     finally:
+        celery_state._on_app_finalizers.intersection_update(finalizers)
         for signal in signals:  # receivers an example connected (weak=False ones included)
             signal.receivers[:] = receivers[signal]
             signal.sender_receivers_cache.clear()
@@ -129,9 +134,10 @@ def test_the_pages_python_examples_run(page: Path, sandbox: Path) -> None:
     run_page(page, sandbox)
 
 
-def test_the_examples_leave_lease_celery_wired() -> None:
+def test_the_examples_leave_lease_celery_wired_and_their_tasks_behind() -> None:
     """After the pages ran (the tests above, in this process), lease_celery's receivers are
-    still connected: a leased run here is counted by metrics."""
+    still connected (a leased run here is counted by metrics), and an app made now has none
+    of the examples' tasks."""
     from celery import Celery
 
     from lease_celery import LeasedTask, metrics
@@ -147,6 +153,8 @@ def test_the_examples_leave_lease_celery_wired() -> None:
         before = metrics.snapshot()["totals"]["claims"]
         assert wired.apply((1,)).get() == 1
         assert metrics.snapshot()["totals"]["claims"] == before + 1
+    app.finalize()
+    assert [name for name in app.tasks if name.startswith("docs_example")] == []
 
 
 def test_examples_run_on_most_pages_and_skips_are_rare() -> None:
