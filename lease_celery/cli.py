@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import click
 
 from .doctor import diagnose
-from .errors import ConfigError, LeaseError
+from .errors import ConfigError, InvalidKey, LeaseError
 from .execution.delivery import republish
 from .execution.limited import publish_waiters
 from .limits import LimitGroup, check_limit_value, parse_rate
@@ -82,9 +82,9 @@ class Context:
         try:
             with open_store(url) as store:
                 yield store
-        except ConfigError as exc:
+        except (ConfigError, InvalidKey) as exc:  # a bad setting, or the command's bad key
             _refuse(str(exc))
-        except ValueError as exc:  # a URL no store could even read
+        except ValueError as exc:  # a URL no store could even read (stores connect lazily)
             _refuse(f"lease store URL {redact(url)!r} is not usable: {exc}")
         except (LeaseError, ImportError) as exc:  # ImportError: the store's extra is missing
             raise click.ClickException(_one_line(str(exc))) from exc

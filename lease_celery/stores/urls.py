@@ -24,6 +24,10 @@ def redact(store_url: str) -> str:
     netloc = parts.netloc
     if password is not None:
         netloc = netloc.replace(f":{password}@", ":***@", 1)
+    if not netloc:
+        # urlunsplit writes an empty host as none at all: "sqlite:////abs" would show as
+        # "sqlite://abs" (a host) and "sqlite:///rel" as "sqlite:/rel".
+        return f"{parts.scheme}://{parts.path}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 

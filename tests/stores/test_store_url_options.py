@@ -455,3 +455,19 @@ def test_postgres_on_the_local_socket(postgres_url: str) -> None:
     with pytest.raises(StoreError, match="local socket, database nosuchdb_lease"), \
             open_store("postgresql:///nosuchdb_lease?connect_timeout=2") as store:
         store.get("x")
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("sqlite:////var/lib/app/leases.sqlite3", "sqlite:////var/lib/app/leases.sqlite3"),
+    ("sqlite:///leases.sqlite3?synchronous=normal", "sqlite:///leases.sqlite3"),
+    ("sqlite://", "sqlite://"),
+    ("redis://:pw@h:6379/0?prefix=a", "redis://:***@h:6379/0"),
+    ("postgresql://u:pw@db/x?password=p", "postgresql://u:***@db/x"),
+])
+def test_a_url_shown_in_messages_keeps_its_path_as_written(url: str, shown: str) -> None:
+    """``redact`` drops the password and the query, nothing else: an absolute SQLite path
+    keeps its four slashes and a relative one its three (not ``sqlite://var/...``, a host,
+    nor ``sqlite:/leases...``)."""
+    from lease_celery.stores.urls import redact
+
+    assert redact(url) == shown

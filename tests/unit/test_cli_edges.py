@@ -328,3 +328,17 @@ def test_leases_limit_refuses_bad_input_naming_the_option(
     assert done.exit_code == 0, done.output
     group = json.loads(done.output)
     assert (group["limit"], group["limit_set"], group["rate"]) == (None, True, "5/m")
+
+
+@pytest.mark.parametrize("args", [["show", ""], ["history", ""], ["release", ""],
+                                  ["limit", "", "--limit", "2"]])
+def test_a_bad_key_or_group_is_named_as_such_not_as_the_store_url(
+        args: list[str], sqlite_url: str) -> None:
+    """An empty key (or group) is refused in one line that says what is wrong with it, exit
+    2: the store URL, which is fine, is not blamed."""
+    base = ["-A", "tests.support.worker_app", "leases", "--store", sqlite_url]
+    result = CliRunner().invoke(celery_program, [*base, *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "must not be empty" in lines[0], result.output
+    assert "store URL" not in lines[0], result.output
