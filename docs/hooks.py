@@ -152,7 +152,6 @@ def _defaults() -> dict[str, Any]:
     values: dict[str, Any] = {name: getattr(settings, name) for name in dir(settings)
                               if name.isupper()}
     values.update(settings.POLICY_DEFAULTS)
-    values["DEFAULT_SWEEP_GRACE"] = settings.DEFAULT_SWEEP_GRACE
     values["BACKGROUND_AFTER_MS"] = settings.BACKGROUND_AFTER * 1000
     return values
 

@@ -102,7 +102,6 @@ local function unindex_lease(hash, state)
 end
 -- Effect receipts, the same way: "<prefix>index:effect:<state>" by updated_at (new nil: the
 -- receipt is deleted).
-local EFFECT_STATES = {'in_flight', 'done', 'needs_reconciliation'}
 local function effect_index(state) return PREFIX .. 'index:effect:' .. state end
 local function index_effect(hash, old, new, updated_at)
   if old and old ~= new then redis.call('ZREM', effect_index(old), hash) end
