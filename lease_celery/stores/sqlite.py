@@ -311,10 +311,13 @@ class SQLiteStore(Store):
         return self._write(body)
 
     def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
-        # Read first: the sweeper asks on every sweep, and a store without waiters (most)
-        # should not take the file's only write lock for it.
-        if group is None and not self._read(lambda conn: conn.execute(
-                _Q["groups_waiting"], {"limit": 1}).fetchone()):
+        # Read first: the sweeper asks on every sweep and a limited task at every finish, and
+        # a group without waiters (most) should not take the file's only write lock for it.
+        # (A waiter parks in the transaction that saw no free slot, so one parked before this
+        # read began is seen, and one parked after it saw the slot this caller freed.)
+        query, params = (("groups_waiting", {"limit": 1}) if group is None else
+                         ("waiters_first", {"grp": group, "limit": 1}))
+        if not self._read(lambda conn: conn.execute(_Q[query], params).fetchone()):
             return []
 
         def body(conn: sqlite3.Connection, now: float) -> list[Row]:
