@@ -3,7 +3,6 @@ and the confirmation that a subclass's own ``after_return`` cannot skip."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery import Celery, group
@@ -13,6 +12,7 @@ from lease_celery import LeasedTask, signals
 from lease_celery.execution.settle import confirm_stored, freeze_links
 from lease_celery.runtime.handle import LeaseHandle
 from lease_celery.runtime.heartbeat import Heartbeat
+from tests.support.policy_helpers import wait_until
 
 
 def _request(task_id: str, app: Celery) -> Context:
@@ -146,8 +146,7 @@ def _run_quiet_and_linked(app: Celery, quiet: Any, sqlite_url: str) -> None:
         Heartbeat.for_process().flush_settles()
         # (A sender thread may have taken the confirmation just before the flush, and still
         # be writing it: under load that took a moment, and the row was read before it.)
-        deadline = time.monotonic() + 5.0
-        while (record := store.get("unit:2")) is not None and record.settling \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert record is not None and record.state.value == "done" and not record.settling
+        record = wait_until(lambda: (found := store.get("unit:2")) is not None
+                            and not found.settling and found,
+                            timeout=5.0, what="unit:2's settle confirmation", interval=0.01)
+        assert record.state.value == "done" and not record.settling

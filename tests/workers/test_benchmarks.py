@@ -231,13 +231,13 @@ def test_the_cpu_meter_reads_the_redis_server_finer_than_a_clock_tick() -> None:
 
     import redis
 
-    from benchmarks.worker_throughput import CpuMeter
+    from benchmarks.worker_throughput import REDIS_HOST, REDIS_PORT, CpuMeter
 
-    client = redis.Redis(host="127.0.0.1", port=6379)
-    meter = CpuMeter(os.getpid(), redis=client)
-    before = meter.read()
-    for _ in range(200):
-        client.ping()
-    spent = CpuMeter.spent(before, meter.read())["redis"]
+    with redis.Redis(host=REDIS_HOST, port=REDIS_PORT) as client:
+        meter = CpuMeter(os.getpid(), redis=client)
+        before = meter.read()
+        for _ in range(200):
+            client.ping()
+        spent = CpuMeter.spent(before, meter.read())["redis"]
     tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
     assert spent > 0 and round(spent * 1e6) % tick_us != 0, spent
