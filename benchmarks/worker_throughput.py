@@ -405,7 +405,7 @@ class Run:
                "--without-gossip", "--without-mingle", "--without-heartbeat",
                "-l", self.loglevel]
         # preexec_fn is unsafe once the harness has threads: workers are all spawned before
-        # it opens a lease store (psycopg_pool starts threads).
+        # it opens a lease store (the heartbeat and the sweeper start threads).
         with log.open("wb") as out:
             process = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,17 +1,16 @@
 """PostgreSQL store: the recommended store when workers span machines.
 
 Every decision is taken by the server inside one statement, on the server's clock
-(``clock_timestamp()``). One connection pool per process, made lazily in the process that uses
-it (a pool inherited through ``fork()`` is abandoned, never used or closed by the child). A
-broken connection (backend terminated, server restarted) is replaced and the operation tried
-again until ``reconnect_timeout`` runs out.
+(``clock_timestamp()``). The connections belong to one process (``pg_connections``), made
+lazily in the process that uses them (those inherited through ``fork()`` are abandoned, never
+used or closed by the child). A broken connection (backend terminated, server restarted) is
+replaced and the operation tried again until ``reconnect_timeout`` runs out.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
 import threading
 import time
@@ -41,14 +40,15 @@ from .urls import choice_option, number_option, server_address, url_options, who
 
 # The extra depends on psycopg alone, as psycopg's maintainers advise libraries to: the
 # application chooses its implementation (the system's libpq, or psycopg[binary]).
-with needs("the PostgreSQL lease store", "psycopg 3 and psycopg_pool", extra="postgres",
+with needs("the PostgreSQL lease store", "psycopg 3", extra="postgres",
            if_broken="psycopg is installed but loads no libpq: install the system's libpq "
                      "(Debian: apt-get install libpq5) or psycopg's own build: "
                      "pip install 'psycopg[binary]'"):
     import psycopg
-    import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import dict_row
+
+    from .pg_connections import Connections, NoConnection
 
 __all__ = ["PostgresStore"]
 
@@ -111,7 +111,7 @@ class PostgresStore(Store):
         self._q = {name: sql.replace("{schema}", quoted)
                    for name, sql in load_queries("postgres").items()}
         self._q.update(find_queries(self._q))
-        self._pool: PerProcess[psycopg_pool.ConnectionPool] = PerProcess()
+        self._connections: PerProcess[Connections] = PerProcess()
         self._lock = threading.Lock()
 
     # -- connections ------------------------------------------------------------------------
@@ -119,34 +119,30 @@ class PostgresStore(Store):
     def _connect_error(self, exc: Exception) -> StoreError:
         return StoreError(f"postgres lease store at {self._where}: {exc}".strip())
 
-    def _get_pool(self) -> psycopg_pool.ConnectionPool:
-        pool = self._pool.get()
-        if pool is not None:
-            return pool
+    def _get_connections(self) -> Connections:
+        connections = self._connections.get()
+        if connections is not None:
+            return connections
         with self._lock:
-            pool = self._pool.get()
-            if pool is None:
+            connections = self._connections.get()
+            if connections is None:
                 # Connect once directly first: a bad host, port, password or database fails
-                # here with libpq's own message instead of a pool timeout.
+                # here with libpq's own message; the schema is made (or checked) once.
                 try:
-                    with psycopg.connect(self._conninfo, autocommit=True) as conn:
-                        self._create_schema(conn)
+                    conn = psycopg.connect(self._conninfo, autocommit=True)
                 except psycopg.Error as exc:
                     raise self._connect_error(exc) from exc
-                pool = psycopg_pool.ConnectionPool(
-                    self._conninfo, min_size=1, max_size=self.pool_max, open=True,
-                    kwargs={"autocommit": True}, timeout=self.reconnect_timeout,
-                    name=f"lease_celery-{os.getpid()}")
-                # The pool opens its first connection in the background: asked for one before
-                # that, a call waited only reconnect_timeout (0.02 s in a test) and failed on
-                # a healthy server that was merely slow. Opening a connection may take what
-                # connect_timeout allows (libpq's 0, no limit: reconnect_timeout then).
                 try:
-                    pool.wait(timeout=float(self._connect_timeout) or self.reconnect_timeout)
-                except psycopg_pool.PoolTimeout as exc:
-                    raise self._connect_error(exc) from exc
-                self._pool.set(pool)
-            return pool
+                    self._create_schema(conn)
+                except BaseException as exc:
+                    conn.close()
+                    if isinstance(exc, psycopg.Error):
+                        raise self._connect_error(exc) from exc
+                    raise
+                connections = Connections(self._conninfo, max_size=self.pool_max)
+                connections.adopt(conn)  # the first statement needs no second connect
+                self._connections.set(connections)
+            return connections
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         # The advisory lock serialises many workers starting at once.
@@ -188,13 +184,13 @@ class PostgresStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            pool = self._pool.take()
-            if pool is not None:
-                pool.close()
+            connections = self._connections.take()
+            if connections is not None:
+                connections.close()
 
     def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
              if_resent: Callable[[_T], _T] | None = None) -> _T:
-        """Run ``operation`` on a pooled connection; replace broken connections and retry.
+        """Run ``operation`` on a connection of its own; replace broken connections and retry.
 
         A statement that failed with a connection error may have committed before its reply
         was lost; its re-sent copy is then judged against the row the first one changed. When
@@ -205,19 +201,24 @@ class PostgresStore(Store):
         attempt = 0
         maybe_sent = False
         while True:
-            pool = self._get_pool()
+            connections = self._get_connections()
             try:
-                with pool.connection() as conn:
+                conn = connections.take(self.reconnect_timeout)
+                try:
                     result = operation(conn)
+                except BaseException as exc:
+                    # A connection error closes the idle ones too: they most likely died with it.
+                    connections.give_back(conn, broken=isinstance(exc, psycopg.OperationalError))
+                    raise
+                connections.give_back(conn)
                 return if_resent(result) if maybe_sent and if_resent is not None else result
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            except (psycopg.OperationalError, NoConnection) as exc:
                 maybe_sent = maybe_sent or isinstance(exc, psycopg.OperationalError)
                 attempt += 1
                 spent = max(waited, time.perf_counter() - started)
                 if spent >= self.reconnect_timeout:
                     raise self._connect_error(exc) from exc
                 logger.warning("postgres lease store at %s: %s; reconnecting", self._where, exc)
-                pool.check()  # drop every other broken idle connection too
                 pause = min(self.reconnect_timeout - spent,
                             random.uniform(0.01, min(1.0, 0.05 * 2 ** min(attempt, 5))))
                 time.sleep(pause)
@@ -230,7 +231,7 @@ class PostgresStore(Store):
         return params
 
     def _row(self, query: str, params: dict[str, Any]) -> Row | None:
-        """One row of ``query`` by column name (None if none), on a pooled connection."""
+        """One row of ``query`` by column name (None if none), on a connection of its own."""
         return self._run(lambda conn: _one(conn, self._q[query], params))
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[Row]:
@@ -472,13 +473,13 @@ class PostgresStore(Store):
         while the transaction is open. Raises ``LeaseLost`` (and rolls back) otherwise.
         """
         params = fence_params(check_lease(lease))
-        pool = self._get_pool()
+        connections = self._get_connections()
         try:
-            with pool.connection() as conn, conn.transaction():
+            with connections.connection(self.reconnect_timeout) as conn, conn.transaction():
                 self._verify(conn, lease, params, "before the fenced writes")
                 yield conn
                 self._verify(conn, lease, params, "at commit")
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, NoConnection) as exc:
             raise self._connect_error(exc) from exc
 
     def _verify(self, conn: psycopg.Connection[Any], lease: Lease, params: dict[str, Any],

@@ -632,5 +632,5 @@ def test_postgres_libpq_options_with_spaces_reach_the_server(postgres_url: str) 
     they were re-encoded with "+" for spaces, which libpq refuses."""
     with open_store(f"{postgres_url}&options=-c%20synchronous_commit%3Doff") as store:
         assert store.claim("opts", owner="w", ttl=10) is not None
-        with store._get_pool().connection() as conn:  # type: ignore[attr-defined]
+        with store._get_connections().connection(5.0) as conn:  # type: ignore[attr-defined]
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)

@@ -361,13 +361,14 @@ def test_prometheus_extra_serves_worker_metrics(
 #: Every package lease_celery imports that its ``[project] dependencies`` do not bring: the
 #: extras' (``otel``, ``prometheus``, ``postgres``, ``redis``), and what only the third-party
 #: beat schedulers and the green pools import (they are never lease_celery's to install).
-OPTIONAL = ("opentelemetry", "prometheus_client", "psycopg", "psycopg_pool", "redis", "hiredis",
+OPTIONAL = ("opentelemetry", "prometheus_client", "psycopg", "redis", "hiredis",
             "redbeat", "django", "django_celery_beat", "gevent", "eventlet")
 
 #: The modules that need an extra to import at all, and that extra.
 NEEDS_EXTRA = {
     "lease_celery.otel": "otel",
     "lease_celery.stores.postgres": "postgres",
+    "lease_celery.stores.pg_connections": "postgres",
     "lease_celery.stores.redis": "redis",
     "lease_celery.stores.redis.wire": "redis",
 }
@@ -446,12 +447,9 @@ def test_every_module_that_needs_no_extra_imports_without_any() -> None:
     pytest.param("otel", "opentelemetry", "import lease_celery.otel", id="otel"),
     pytest.param("prometheus", "prometheus_client",
                  "from lease_celery.metrics import serve; serve(0)", id="prometheus-serve"),
-    pytest.param("postgres", "psycopg psycopg_pool",
+    pytest.param("postgres", "psycopg",
                  "import lease_celery; lease_celery.open_store('postgresql://127.0.0.1:1/none')",
                  id="postgres-store"),
-    pytest.param("postgres", "psycopg_pool",
-                 "import lease_celery; lease_celery.open_store('postgresql://127.0.0.1:1/none')",
-                 id="postgres-store-without-the-pool"),
     pytest.param("redis", "redis hiredis",
                  "import lease_celery; lease_celery.open_store('redis://127.0.0.1:1/0')",
                  id="redis-store"),
@@ -485,7 +483,7 @@ def test_the_tools_name_a_missing_extra_in_one_line(tmp_path: Path) -> None:
     """Without psycopg, ``leases --store postgresql://… list`` says in one line (no traceback,
     exit 1) what to install, and ``doctor`` reports the app's PostgreSQL store as a finding
     naming the extra."""
-    out = without("psycopg psycopg_pool", f"""
+    out = without("psycopg", f"""
         import contextlib, io, sys
         from celery import Celery
         from lease_celery.cli import leases
