@@ -241,3 +241,40 @@ def test_the_cpu_meter_reads_the_redis_server_finer_than_a_clock_tick() -> None:
         spent = CpuMeter.spent(before, meter.read())["redis"]
     tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
     assert spent > 0 and round(spent * 1e6) % tick_us != 0, spent
+
+
+def test_gate_cost_benchmark_measures_every_store_and_the_waits_and_cleans_up() -> None:
+    """``benchmarks/gate_cost.py``, tiny: a CPU figure per side (plain, the canned store, each
+    real store) and each LeasedTask's over plain; the client CPU of late answers per server;
+    no schema or key of the run left behind."""
+    for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
+                                      ("Redis", redis_reachable())):
+        require(name, reachable, detail)
+    import json
+
+    import psycopg
+    import redis
+
+    from tests.support.servers import PG_DSN
+
+    run = subprocess.run([sys.executable, "benchmarks/gate_cost.py", "--rounds", "1",
+                          "--tasks", "20", "--waits", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    stores = {"canned", "sqlite", "postgres", "redis"}
+    assert set(result["cpu_us"]) == stores | {"plain"}, result
+    assert all(value > 0 for value in result["cpu_us"].values()), result
+    assert set(result["extra_us"]) == stores, result
+    assert set(result["waits_us"]) == {"postgres", "redis"}, result
+    assert all(set(by_delay) == {"0", "250", "500"} and min(by_delay.values()) > 0
+               for by_delay in result["waits_us"].values()), result
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'gate\\_%'"
+                            ).fetchall()
+    assert left == [], left
+    client = redis.Redis(host="127.0.0.1", port=6379, db=14)
+    try:
+        assert list(client.scan_iter(match="gate_*", count=1000)) == []
+    finally:
+        client.close()

@@ -1,0 +1,262 @@
+"""What a LeasedTask costs the process that runs it, with and without the store's own work.
+
+    python benchmarks/gate_cost.py [--stores canned,sqlite,postgres,redis] [--rounds 12]
+        [--tasks 400] [--waits] [--json]
+
+Celery's own tracer (``celery.app.trace.build_tracer``, what a pool process runs for every
+message) in a loop, in this one process, for a plain task and for a LeasedTask on each store,
+in alternating bursts (the order rotating from round to round): CPU per task
+(``time.process_time``) of each side, and each LeasedTask's CPU over the plain bursts around
+it (the median over rounds).
+
+``canned`` is the library's own path alone: a store whose claim and finish answer at once
+from memory (``CannedStore``: no SQL, no socket, no fsync), so what it measures is the gate
+(key, task info, the claim's bookkeeping, the heartbeat's, the signals, the finish's checks),
+steady to a few µs between runs where a worker's figure spreads by a hundred. The real stores
+add their claim and finish, and what waiting for a server costs the waiting process.
+
+The worker's figure (``worker_throughput.py``) adds the broker, the pool's messages and the
+main process; this one is for telling whether a change to the library's own path pays.
+
+``--waits`` adds what waiting itself costs the waiting process: the CPU per call of a request
+the server answers at once against one it answers after 250 or 500 µs of its own (PostgreSQL
+``SELECT pg_sleep(…)``, Redis a Lua script that loops on ``TIME``). Where a wait is not free
+(a virtual machine whose every sleep and wake-up goes through its host), a store whose
+statements take the server longer (a commit's WAL flush) costs the worker more CPU for the
+same work, which no change to the library's Python can win back.
+Needs PostgreSQL and Redis on 127.0.0.1 (the test servers) for those stores; each is cleaned
+up after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
+
+from celery import Celery  # noqa: E402
+from celery.app.trace import build_tracer  # noqa: E402
+
+from lease_celery import LeasedTask  # noqa: E402
+from lease_celery.models import Lease  # noqa: E402
+from lease_celery.stores.base import Clock, Row  # noqa: E402
+from lease_celery.stores.registry import register_scheme  # noqa: E402
+from lease_celery.stores.sqlite import SQLiteStore  # noqa: E402
+
+PG_DSN = "postgresql://127.0.0.1:5432/test"
+REDIS_URL = "redis://127.0.0.1:6379/14"
+STORES = ("canned", "sqlite", "postgres", "redis")
+
+
+class CannedStore(SQLiteStore):
+    """``canned://``: claims and finishes answered at once from memory (every claim is a new
+    token 1, every finish accepted); everything else is an in-memory SQLite store."""
+
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        super().__init__("sqlite://", clock=clock)
+        self.url = url
+
+    def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
+        return {"token": 1, "expires_at": time.time() + ttl, "fence": 1, "attempts": 1,
+                "takeovers": 0}
+
+    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
+        return True
+
+
+register_scheme("canned", "benchmarks.gate_cost:CannedStore")
+
+
+def _app(urls: dict[str, str]) -> tuple[Celery, dict[str, Any]]:
+    app = Celery("gate_cost", broker="memory://", backend="disabled://", set_as_current=False)
+    # As the throughput benchmark's workers: results ignored, acks_late; no sweeper here.
+    app.conf.update(task_ignore_result=True, task_acks_late=True, lease_sweep_interval=0,
+                    lease_store_url=urls.get("canned", "canned://"))
+    tasks: dict[str, Any] = {}
+
+    @app.task(name="gate.plain", shared=False)
+    def plain(batch: str, i: int) -> None:
+        return None
+
+    tasks["plain"] = plain
+    for store, url in urls.items():
+        @app.task(bind=True, base=LeasedTask, name=f"gate.{store}", shared=False,
+                  lease_key="gate:{batch}:{i}", lease_store_url=url)
+        def leased(self: LeasedTask, batch: str, i: int) -> None:
+            return None
+
+        tasks[store] = leased
+    app.finalize()
+    return app, tasks
+
+
+def _traced(app: Celery, task: Any) -> Callable[[str, int], Any]:
+    """One delivery of ``task`` as a pool process runs it: a fresh task id per call."""
+    tracer = build_tracer(task.name, task, app=app, eager=False, propagate=False)
+
+    def deliver(batch: str, i: int) -> Any:
+        task_id = uuid.uuid4().hex
+        message = {"id": task_id, "task": task.name, "args": [batch, i], "kwargs": {},
+                   "delivery_info": {"routing_key": "celery", "exchange": "", "priority": 0,
+                                     "redelivered": False}, "hostname": "gate-cost"}
+        return tracer(task_id, (batch, i), {}, message)
+
+    return deliver
+
+
+def _urls(stores: list[str], tmp: Path, run: str) -> dict[str, str]:
+    known = {"canned": "canned://", "sqlite": f"sqlite:///{tmp / 'leases.sqlite3'}",
+             "postgres": f"{PG_DSN}?schema=gate_{run}",
+             "redis": f"{REDIS_URL}?prefix=gate_{run}:"}
+    unknown = [store for store in stores if store not in known]
+    if unknown:
+        raise SystemExit(f"unknown store(s) {unknown}; known: {', '.join(STORES)}")
+    return {store: known[store] for store in stores}
+
+
+def measure(stores: list[str], *, rounds: int, tasks: int) -> dict[str, Any]:
+    run = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="gate-cost-") as tmp:
+        urls = _urls(stores, Path(tmp), run)
+        app, registered = _app(urls)
+        sides = {name: _traced(app, task) for name, task in registered.items()}
+        batch, counter = uuid.uuid4().hex[:8], itertools.count()
+        for deliver in sides.values():  # warm up: connections, schemas, first imports
+            for _ in range(100):
+                deliver(batch, next(counter))
+        cpu: dict[str, list[float]] = {name: [] for name in sides}
+        extra: dict[str, list[float]] = {store: [] for store in stores}
+        try:
+            for round_no in range(rounds):
+                order = stores[round_no % len(stores):] + stores[:round_no % len(stores)]
+                before = _burst(sides["plain"], batch, counter, tasks)
+                cpu["plain"].append(before)
+                for store in order:
+                    leased = _burst(sides[store], batch, counter, tasks)
+                    after = _burst(sides["plain"], batch, counter, tasks)
+                    cpu[store].append(leased)
+                    cpu["plain"].append(after)
+                    extra[store].append(leased - (before + after) / 2)
+                    before = after
+        finally:
+            _clean_up(urls, run)
+    return {"rounds": rounds, "tasks": tasks,
+            "cpu_us": {name: statistics.median(values) for name, values in cpu.items()},
+            "extra_us": {store: statistics.median(values) for store, values in extra.items()},
+            "extra_spread_us": {store: max(values) - min(values)
+                                for store, values in extra.items()}}
+
+
+#: Server-side delays (µs) ``--waits`` measures, and the calls per burst.
+WAIT_DELAYS = (0, 250, 500)
+WAIT_CALLS = 300
+
+
+def measure_waits(*, rounds: int) -> dict[str, dict[int, float]]:
+    """Client CPU µs per call, per server and server-side delay (medians over ``rounds``
+    alternating bursts)."""
+    import psycopg
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    busy = client.register_script(
+        "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= "
+        "tonumber(ARGV[1]) return 1")
+    conn = psycopg.connect(PG_DSN, autocommit=True)
+    calls: dict[str, Callable[[int], Any]] = {
+        "postgres": lambda delay: conn.execute("SELECT pg_sleep(%s)",
+                                               (delay / 1e6,)).fetchone(),
+        "redis": lambda delay: busy(args=[delay])}
+    figures: dict[str, dict[int, list[float]]] = {
+        server: {delay: [] for delay in WAIT_DELAYS} for server in calls}
+    try:
+        for _ in range(rounds):
+            for server, call in calls.items():
+                for delay in WAIT_DELAYS:
+                    started = time.process_time()
+                    for _ in range(WAIT_CALLS):
+                        call(delay)
+                    figures[server][delay].append(
+                        (time.process_time() - started) / WAIT_CALLS * 1e6)
+    finally:
+        conn.close()
+        client.close()
+    return {server: {delay: statistics.median(values) for delay, values in by_delay.items()}
+            for server, by_delay in figures.items()}
+
+
+def _burst(deliver: Callable[[str, int], Any], batch: str, counter: Any, tasks: int) -> float:
+    started = time.process_time()
+    for _ in range(tasks):
+        deliver(batch, next(counter))
+    return (time.process_time() - started) / tasks * 1e6
+
+
+def _clean_up(urls: dict[str, str], run: str) -> None:
+    from lease_celery.stores.registry import shared_store
+
+    for url in urls.values():
+        shared_store(url).close()
+    if "postgres" in urls:
+        import psycopg
+
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "gate_{run}" CASCADE')
+    if "redis" in urls:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"gate_{run}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--tasks", type=int, default=400, help="tasks per burst")
+    parser.add_argument("--waits", action="store_true",
+                        help="also: the client CPU of a call the server answers late")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    stores = [store for store in args.stores.split(",") if store]
+    result = measure(stores, rounds=args.rounds, tasks=args.tasks)
+    if args.waits:
+        result["waits_us"] = measure_waits(rounds=max(3, args.rounds // 2))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{'side':<10} {'CPU µs/task':>12} {'over plain':>11} {'spread':>8}")
+    print(f"{'plain':<10} {result['cpu_us']['plain']:>12,.0f} {'-':>11} {'-':>8}")
+    for store in stores:
+        print(f"{store:<10} {result['cpu_us'][store]:>12,.0f} "
+              f"{result['extra_us'][store]:>+11,.0f} {result['extra_spread_us'][store]:>8,.0f}")
+    print(f"({args.rounds} rounds of {args.tasks} tasks per side, alternating; Celery's tracer "
+          "in one process, ignore_result; over plain: the median over rounds of the "
+          "LeasedTask's CPU minus the plain bursts around it; spread: its max - min)")
+    if args.waits:
+        print()
+        print(f"{'server':<10} " + " ".join(f"{f'answers in {d} µs':>17}" for d in WAIT_DELAYS))
+        for server, by_delay in result["waits_us"].items():
+            print(f"{server:<10} " + " ".join(f"{by_delay[d]:>17,.0f}" for d in WAIT_DELAYS))
+        print("(client CPU µs per call, this process: the server's own time is not in it)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
