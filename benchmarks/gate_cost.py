@@ -1,7 +1,7 @@
 """What a LeasedTask costs the process that runs it, with and without the store's own work.
 
     python benchmarks/gate_cost.py [--stores canned,sqlite,postgres,redis] [--rounds 12]
-        [--tasks 400] [--waits] [--json]
+        [--tasks 400] [--body-ms 0] [--finish auto|inline|background] [--waits] [--json]
 
 Celery's own tracer (``celery.app.trace.build_tracer``, what a pool process runs for every
 message) in a loop, in this one process, for a plain task and for a LeasedTask on each store,
@@ -17,6 +17,12 @@ add their claim and finish, and what waiting for a server costs the waiting proc
 
 The worker's figure (``worker_throughput.py``) adds the broker, the pool's messages and the
 main process; this one is for telling whether a change to the library's own path pays.
+
+``--body-ms 10``: every body (plain and leased alike) sleeps that long first, as a task that
+waits on I/O does. The same path then costs more CPU where a process that slept comes back
+to cold caches: the difference against ``--body-ms 0`` is that effect, not more work.
+``--finish`` sets ``lease_finish_in_background`` (``auto``, the default, writes the finish of
+a body of 2 ms or more on the heartbeat's sender thread: its hand-off is then in the figure).
 
 ``--waits`` adds what waiting itself costs the waiting process: the CPU per call of a request
 the server answers at once against one it answers after 250 or 500 µs of its own (PostgreSQL
@@ -79,23 +85,30 @@ class CannedStore(SQLiteStore):
 register_scheme("canned", "benchmarks.gate_cost:CannedStore")
 
 
-def _app(urls: dict[str, str]) -> tuple[Celery, dict[str, Any]]:
+FINISH = {"auto": "auto", "inline": False, "background": True}
+
+
+def _app(urls: dict[str, str], body_seconds: float = 0.0,
+         finish: str = "auto") -> tuple[Celery, dict[str, Any]]:
     app = Celery("gate_cost", broker="memory://", backend="disabled://", set_as_current=False)
     # As the throughput benchmark's workers: results ignored, acks_late; no sweeper here.
     app.conf.update(task_ignore_result=True, task_acks_late=True, lease_sweep_interval=0,
-                    lease_store_url=urls.get("canned", "canned://"))
+                    lease_store_url=urls.get("canned", "canned://"),
+                    lease_finish_in_background=FINISH[finish])
     tasks: dict[str, Any] = {}
 
     @app.task(name="gate.plain", shared=False)
     def plain(batch: str, i: int) -> None:
-        return None
+        if body_seconds:
+            time.sleep(body_seconds)
 
     tasks["plain"] = plain
     for store, url in urls.items():
         @app.task(bind=True, base=LeasedTask, name=f"gate.{store}", shared=False,
                   lease_key="gate:{batch}:{i}", lease_store_url=url)
         def leased(self: LeasedTask, batch: str, i: int) -> None:
-            return None
+            if body_seconds:
+                time.sleep(body_seconds)
 
         tasks[store] = leased
     app.finalize()
@@ -126,11 +139,12 @@ def _urls(stores: list[str], tmp: Path, run: str) -> dict[str, str]:
     return {store: known[store] for store in stores}
 
 
-def measure(stores: list[str], *, rounds: int, tasks: int) -> dict[str, Any]:
+def measure(stores: list[str], *, rounds: int, tasks: int,
+            body_seconds: float = 0.0, finish: str = "auto") -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     with tempfile.TemporaryDirectory(prefix="gate-cost-") as tmp:
         urls = _urls(stores, Path(tmp), run)
-        app, registered = _app(urls)
+        app, registered = _app(urls, body_seconds, finish)
         sides = {name: _traced(app, task) for name, task in registered.items()}
         batch, counter = uuid.uuid4().hex[:8], itertools.count()
         for deliver in sides.values():  # warm up: connections, schemas, first imports
@@ -152,7 +166,7 @@ def measure(stores: list[str], *, rounds: int, tasks: int) -> dict[str, Any]:
                     before = after
         finally:
             _clean_up(urls, run)
-    return {"rounds": rounds, "tasks": tasks,
+    return {"rounds": rounds, "tasks": tasks, "body_ms": body_seconds * 1000, "finish": finish,
             "cpu_us": {name: statistics.median(values) for name, values in cpu.items()},
             "extra_us": {store: statistics.median(values) for store, values in extra.items()},
             "extra_spread_us": {store: max(values) - min(values)
@@ -230,12 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--tasks", type=int, default=400, help="tasks per burst")
+    parser.add_argument("--body-ms", type=float, default=0.0,
+                        help="every body sleeps this long (ms) first")
+    parser.add_argument("--finish", choices=sorted(FINISH), default="auto",
+                        help="lease_finish_in_background: auto, inline (False), background (True)")
     parser.add_argument("--waits", action="store_true",
                         help="also: the client CPU of a call the server answers late")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     stores = [store for store in args.stores.split(",") if store]
-    result = measure(stores, rounds=args.rounds, tasks=args.tasks)
+    result = measure(stores, rounds=args.rounds, tasks=args.tasks,
+                     body_seconds=args.body_ms / 1000, finish=args.finish)
     if args.waits:
         result["waits_us"] = measure_waits(rounds=max(3, args.rounds // 2))
     if args.json:
@@ -246,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     for store in stores:
         print(f"{store:<10} {result['cpu_us'][store]:>12,.0f} "
               f"{result['extra_us'][store]:>+11,.0f} {result['extra_spread_us'][store]:>8,.0f}")
-    print(f"({args.rounds} rounds of {args.tasks} tasks per side, alternating; Celery's tracer "
-          "in one process, ignore_result; over plain: the median over rounds of the "
+    body = (f"{args.body_ms:g} ms bodies" if args.body_ms else "no-op bodies") + (
+        f", finish {args.finish}")
+    print(f"({args.rounds} rounds of {args.tasks} tasks per side, alternating, {body}; Celery's "
+          "tracer in one process, ignore_result; over plain: the median over rounds of the "
           "LeasedTask's CPU minus the plain bursts around it; spread: its max - min)")
     if args.waits:
         print()
