@@ -121,7 +121,12 @@ def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     if conn.closed:
         return True
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        fd = conn.fileno()
+        if hasattr(select, "poll"):  # any descriptor number (select() stops at 1024)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([fd], [], [], 0)
     except (OSError, ValueError, psycopg.Error):
         return True
     return bool(readable)

@@ -136,3 +136,34 @@ def test_the_store_runs_on_its_first_connection_and_keeps_one_per_thread_in_use(
             thread.join()
         idle = store._get_connections()._idle  # type: ignore[attr-defined]
         assert 1 <= len(idle) <= 2
+
+
+def test_a_healthy_idle_connection_above_descriptor_1024_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy worker may hold more than 1,024 descriptors; ``select()`` cannot look at one
+    above that, and an idle check that fails on it would throw a healthy connection away
+    (and connect again) every time: a connection made there is kept and reused."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this process may open at most {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    monkeypatch.setattr(pg_connections, "CHECK_IDLE_AFTER", 0.0)
+    pipes = [os.pipe() for _ in range(520)]  # 1,040 descriptors
+    connections = Connections(PG_DSN, max_size=1)
+    try:
+        conn = connections.take(1.0)
+        assert conn.fileno() > 1024
+        first = _backend(conn)
+        connections.give_back(conn)
+        again = connections.take(1.0)
+        assert again is conn and _backend(again) == first
+        connections.give_back(again)
+    finally:
+        connections.close()
+        for read, write in pipes:
+            os.close(read)
+            os.close(write)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
