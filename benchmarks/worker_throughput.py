@@ -152,7 +152,7 @@ class WorkerFailed(RuntimeError):
 # -- one run -------------------------------------------------------------------------------
 
 #: The processes whose CPU a batch reports, each a column of the table (and, in the JSON
-#: output only, ``worker_main``: the worker's main process alone, its pool processes apart).
+#: ``worker_main``: the worker's main process alone, shown beside the pool processes' rest).
 CPU_PARTS = ("worker", "redis", "postgres")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -625,7 +625,8 @@ def measure(run: Run, variants: list[str], bodies: list[str], tasks: dict[str, i
 def table(rows: list[Row]) -> str:
     width = max([10, *(len(row.variant) + 2 for row in rows)])
     lines = [f"{'variant':<{width}}{'body':<6}{'tasks':>6}{'tasks/s':>10}{'ratio':>7}"
-             f"{'publish/s':>11}{'worker':>9}{'+worker':>9}{'redis':>7}{'postgres':>9}"
+             f"{'publish/s':>11}{'worker':>9}{'main':>7}{'pool':>7}{'+worker':>9}{'redis':>7}"
+             f"{'postgres':>9}"
              "  ratios per round"]
     for row in rows:
         if row.ratio_median is None:
@@ -637,9 +638,12 @@ def table(rows: list[Row]) -> str:
             ratio, detail = f"{row.ratio_median:.2f}", " ".join(f"{r:.2f}" for r in row.ratios)
             extra = f"{row.extra_worker_median:+,.0f}"
         worker, redis, postgres = (row.cpu_median(part) for part in CPU_PARTS)
+        # The main process (consumer, event loop, acks) apart from the pool processes (the
+        # tasks): the main process's share follows the rate, the pool's is the task's own.
+        main = row.cpu_median("worker_main")
         lines.append(f"{row.variant:<{width}}{row.body:<6}{row.tasks:>6}{row.rate_median:>10,.0f}"
-                     f"{ratio:>7}{row.publish_median:>11,.0f}{worker:>9,.0f}{extra:>9}"
-                     f"{redis:>7,.0f}{postgres:>9,.0f}  {detail}")
+                     f"{ratio:>7}{row.publish_median:>11,.0f}{worker:>9,.0f}{main:>7,.0f}"
+                     f"{worker - main:>7,.0f}{extra:>9}{redis:>7,.0f}{postgres:>9,.0f}  {detail}")
     return "\n".join(lines)
 
 
@@ -794,8 +798,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         print(f"({elapsed:.0f}s; worker: prefork -c 2, prefetch 4, acks_late, ignore_result;"
               f" ratio: variant / mean of the plain runs before and after it; worker, redis,"
-              f" postgres: CPU µs per task of those processes, +worker: the worker's over the"
-              f" plain runs around it)")
+              f" postgres: CPU µs per task of those processes, the worker's split into its main"
+              f" process and its pool processes; +worker: the worker's over the plain runs"
+              f" around it)")
     return 0
 
 
