@@ -111,6 +111,7 @@ class PostgresStore(Store):
         self._q = {name: sql.replace("{schema}", quoted)
                    for name, sql in load_queries("postgres").items()}
         self._q.update(find_queries(self._q))
+        self._q["finish_and_claim"] = carrying_claim(self._q["finish"], self._q["claim"])
         self._connections: PerProcess[Connections] = PerProcess()
         self._lock = threading.Lock()
 
@@ -252,6 +253,26 @@ class PostgresStore(Store):
 
         return self._run(lambda conn: _one(conn, self._q["claim"], params),
                          if_resent=claimed_by)
+
+    def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
+                          ttl: float, task: str | None) -> tuple[bool, Row | None]:
+        params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex,
+                              finished_key=finished.key, finished_owner=finished.owner,
+                              finished_token=finished.token, result=result, settle_within=None)
+
+        def both(conn: psycopg.Connection[Any]) -> tuple[bool, Row | None]:
+            row = _one(conn, self._q["finish_and_claim"], params)
+            assert row is not None  # the statement always answers one row
+            claimed = None if row["token"] is None else row
+            return bool(row["finished"]), claimed
+
+        def resent(answer: tuple[bool, Row | None]) -> tuple[bool, Row | None]:
+            # Refusals of a re-sent copy are checked against the rows the first send wrote.
+            accepted, claimed = answer
+            return (accepted or self.settled_by(finished, LeaseState.DONE),
+                    claimed or self._row("claimed_by", params))
+
+        return self._run(both, if_resent=resent)
 
     def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
                        limit: int | None, rate: Rate | None) -> Row | None:
@@ -490,6 +511,35 @@ class PostgresStore(Store):
             raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
         if row is None:
             raise lease_not_current(lease, when, what="committed")
+
+
+def carrying_claim(finish: str, claim: str) -> str:
+    """One statement from the ``finish`` and ``claim`` queries (both ``WITH clock AS (...)``
+    and one write): the finish's UPDATE, its fencing parameters renamed ``finished_*``, and the
+    claim's INSERT as data-modifying CTEs over the one clock, answering one row: ``finished``
+    (1 when the finish was accepted) and the claim's columns (NULL when it was refused).
+    Made from the two queries themselves, so each keeps its rule as written once."""
+    finish, claim = _statement(finish), _statement(claim)
+    update_at, insert_at = finish.find("\nUPDATE "), claim.find("\nINSERT INTO ")
+    if not finish.startswith("WITH clock AS") or not claim.startswith("WITH clock AS") \
+            or update_at < 0 or insert_at < 0:
+        raise ConfigError("postgres.sql: the finish and claim queries must each be "
+                          "'WITH clock AS (...)' and one UPDATE / INSERT")
+    update = finish[update_at + 1:]
+    for name in ("key", "owner", "token"):
+        update = update.replace(f"%({name})s", f"%(finished_{name})s")
+    return (f"{claim[:insert_at].rstrip()},\nfinished AS (\n{update}\n),\n"
+            f"claimed AS (\n{claim[insert_at + 1:]}\n)\n"
+            "SELECT (SELECT count(*) FROM finished) AS finished, claimed.*\n"
+            "FROM (SELECT 1) AS one LEFT JOIN claimed ON true")
+
+
+def _statement(sql: str) -> str:
+    """``sql`` without the comment lines that lead it."""
+    lines = sql.splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 @functools.cache

@@ -260,6 +260,16 @@ class SQLiteStore(Store):
 
         return self._write(body)
 
+    def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
+                          ttl: float, task: str | None) -> tuple[bool, Row | None]:
+        def body(conn: sqlite3.Connection, now: float) -> tuple[bool, Row | None]:
+            accepted = conn.execute(_Q["finish"], {
+                **fence_params(finished), "now": now, "result": result,
+                "settle_deadline": None}).rowcount == 1
+            return accepted, self._claim_in(conn, now, key, owner, ttl, task)
+
+        return self._write(body)  # one transaction: one commit, one fsync
+
     @staticmethod
     def _claim_in(conn: sqlite3.Connection, now: float, key: str, owner: str, ttl: float,
                   task: str | None, group: str | None = None,

@@ -240,6 +240,8 @@ RECIPES: dict[str, Callable[[Store], object]] = {
     "renew": lambda s: s.renew(LEASE, ttl=10),
     "renew_many": lambda s: s.renew_many([LEASE], ttl=10),
     "finish": lambda s: s.finish(LEASE, {"ok": 1}),
+    "finish_and_claim": lambda s: s.finish_and_claim(LEASE, {"ok": 1}, "walk:2",
+                                                     owner="walker", ttl=10),
     "settle": lambda s: s.settle(LEASE),
     "settle_many": lambda s: s.settle_many([LEASE]),
     "claim_settlement": lambda s: s.claim_settlement("walk:1", owner="walker", ttl=10),
