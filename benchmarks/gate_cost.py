@@ -67,8 +67,9 @@ STORES = ("canned", "sqlite", "postgres", "redis")
 
 
 class CannedStore(SQLiteStore):
-    """``canned://``: claims and finishes answered at once from memory (every claim is a new
-    token 1, every finish accepted); everything else is an in-memory SQLite store."""
+    """``canned://``: claims and finishes (a finish carried by a claim too) answered at once
+    from memory (every claim is a new token 1, every finish accepted); everything else is an
+    in-memory SQLite store."""
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         super().__init__("sqlite://", clock=clock)
@@ -80,6 +81,10 @@ class CannedStore(SQLiteStore):
 
     def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
         return True
+
+    def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
+                          ttl: float, task: str | None) -> tuple[bool, Row | None]:
+        return True, self._claim(key, owner, ttl, task)
 
 
 register_scheme("canned", "benchmarks.gate_cost:CannedStore")

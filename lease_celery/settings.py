@@ -46,7 +46,8 @@ class LeaseSettings:
     #: dead (one FAILURE, as Celery reports it).
     retry_time_limits: bool = False
     #: Write the finish of a task whose outcome Celery neither stores nor sends on behind the
-    #: task's return, on the heartbeat's sender threads (see ``lease_celery.execution.background``):
+    #: task's return, carried by the process's next claim or else on the heartbeat's sender
+    #: threads (see ``lease_celery.execution.background``):
     #: True, False, or "auto" (the default): behind the return when the body ran at least
     #: ``BACKGROUND_AFTER`` seconds. It pays on bodies that wait (the round trip overlaps the
     #: next task) and costs CPU-bound no-op bodies (the hand-off to the thread costs more

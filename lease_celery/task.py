@@ -283,8 +283,8 @@ class LeasedTask(AttemptEnding):
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
                args: Any, kwargs: Any, *, answering: bool = False) -> LeaseHandle:
         owner = execution_owner()
-        info = None if self.request.called_directly else task_info(
-            self, self.request, args, kwargs)
+        request = self.request
+        info = None if request.called_directly else task_info(self, request, args, kwargs)
         heartbeat = Heartbeat.for_process()
         # An answer's key is no work of the group: it runs no body.
         limit = None if answering else group_of(self, settings, args, kwargs)
@@ -294,8 +294,14 @@ class LeasedTask(AttemptEnding):
             claim = heartbeat.claiming(store, key, owner, ttl=settings.ttl,
                                        heartbeat_interval=settings.heartbeat_interval)
             lease: Lease | LimitRefused | None
+            # A previous delivery's finish behind its return, carried in this claim's own
+            # transaction (execution.background): one commit for both.
+            carried = None if limit is not None else heartbeat.take_carried(store)
             try:
-                if limit is None:
+                if carried is not None:
+                    lease = self._claim_carrying(store, carried, key, owner, settings.ttl,
+                                                 info)
+                elif limit is None:
                     lease = store.claim(key, owner=owner, ttl=settings.ttl, task=info)
                 else:
                     # An eager call has no message to park: without task info it is refused
@@ -351,6 +357,22 @@ class LeasedTask(AttemptEnding):
         # Lost the race several times in a row (expiries and takeovers crossing ours).
         contended = LeaseHeld(f"lease {key!r}: {CLAIM_ROUNDS} claims in a row lost a race")
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
+
+    @staticmethod
+    def _claim_carrying(store: Store, carried: tuple[LeaseHandle, Any], key: str, owner: str,
+                        ttl: float, info: Any) -> Lease | None:
+        """The claim of ``key`` carrying a previous delivery's finish (``take_carried``): its
+        verdict goes to that delivery (its signals, with its request); if the store fails,
+        a sender writes the finish alone and the claim's failure is this delivery's."""
+        finishing: Any = carried[1]
+        try:
+            accepted, lease = store.finish_and_claim(finishing.lease, finishing.encoded, key,
+                                                     owner=owner, ttl=ttl, task=info)
+        except BaseException:
+            finishing.give_back()
+            raise
+        finishing.done(accepted)
+        return lease
 
     def _limit_refused(self, store: Store, key: str, refusal: LimitRefused,
                        settings: LeaseSettings, args: Any, kwargs: Any) -> NoReturn:

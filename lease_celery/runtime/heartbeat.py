@@ -9,7 +9,9 @@ It also renews a claim whose reply its task has not read yet (``claiming``, clai
 green pools a busy neighbour can hold that reply past the ttl).
 
 It also writes what the task's own path need not wait for: a fire-and-forget task's finish
-(``background``), and the confirmations that end settle phases: once Celery stored a task's
+(``background``; first offered to this process's next claim on the same store, which carries
+it in its own transaction, and written here only if no claim took it in time), and the
+confirmations that end settle phases: once Celery stored a task's
 outcome, the owner's confirmation is queued here and sent in batches (``settle_many``), so the
 task's own path pays no extra round trip. Until then the settling lease is renewed like a
 running one, so a slow result backend does not look like a dead owner.
@@ -93,6 +95,9 @@ class Heartbeat:
         # is going sends the queued ones itself and waits for the others (flush_background).
         self._queued: dict[LeaseHandle, Callable[[], None]] = {}
         self._in_flight: set[LeaseHandle] = set()
+        # Queued writes that the next claim on their store may carry (take_carried), each
+        # with the instant it goes to a sender if none has, its store and what the claim needs.
+        self._carriable: dict[LeaseHandle, tuple[float, Store, object]] = {}
         # Senders started, and how many of them wait for a call now (a real lock: the
         # senders are real OS threads under green pools too).
         self._senders, self._idle, self._senders_lock = 0, 0, green.lock()
@@ -147,11 +152,17 @@ class Heartbeat:
             if len(self._to_settle) == 1:  # later ones join the batch the thread will send
                 self._wake.notify()
 
-    def in_background(self, handle: LeaseHandle, write: Callable[[], None]) -> None:
+    def in_background(self, handle: LeaseHandle, write: Callable[[], None], *,
+                      carry: object = None, within: float = 0.0) -> None:
         """Make ``write`` (the handle's last store call) on a sender thread, soon. The handle
         stays watched until ``write`` unwatches it: a write that waits behind slow store calls
         keeps its lease alive meanwhile. A renewal refused once the write is queued means
         nothing (the write itself says whether the lease was still current).
+
+        With ``carry``, the write waits up to ``within`` seconds for this process's next claim
+        on the handle's store to take it (``take_carried``: ``carry`` is what that claim needs
+        to make the write itself); only then does a sender make it. A busy process thus
+        writes each finish in the next claim's transaction, with no thread woken for it.
 
         Under green pools the write is made here, in the task's greenlet, before it returns:
         on a sender (a real OS thread) it would use the store the tasks share, which is not
@@ -166,7 +177,34 @@ class Heartbeat:
         with self._wake:
             handle._writing = True
             self._queued[handle] = write
+            if carry is not None and within > 0:
+                due = time.monotonic() + within
+                self._carriable[handle] = (due, handle._store, carry)
+                if due < self._sleeping_until:
+                    self._wake.notify()
+                return
         self._enqueue(functools.partial(self._write_queued, handle))
+
+    def take_carried(self, store: Store) -> tuple[LeaseHandle, object] | None:
+        """The oldest queued write that a claim on ``store`` may carry, now the caller's to
+        make (end it with ``carried``), or None. Taken at most once: by one claim, or by the
+        sender it went to when nobody took it in time, or by a process flushing its writes."""
+        with self._wake:
+            for handle, (_, owner_store, carry) in self._carriable.items():
+                if owner_store is not store:
+                    continue
+                del self._carriable[handle]
+                if self._queued.pop(handle, None) is None:
+                    return None  # flushed meanwhile (the process is going)
+                self._in_flight.add(handle)
+                return handle, carry
+        return None
+
+    def carried(self, handle: LeaseHandle) -> None:
+        """A claim made (or gave back) the write it took with ``take_carried``."""
+        with self._wake:
+            self._in_flight.discard(handle)
+            self._wake.notify_all()
 
     def _write_queued(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -187,6 +225,7 @@ class Heartbeat:
         with self._wake:
             queued = list(self._queued.values())
             self._queued.clear()
+            self._carriable.clear()
         for write in queued:
             try:
                 write()
@@ -247,10 +286,15 @@ class Heartbeat:
 
     def _due(self) -> tuple[list[LeaseHandle], list[LeaseHandle], list[InFlight]]:
         """Wait until some handle (or unanswered claim) is due for renewal, or a confirmation
-        is queued; return the handles to renew, those to settle and the claims to adopt."""
+        is queued; return the handles to renew, those to settle and the claims to adopt.
+        Queued writes that no claim carried in time go to the senders from here."""
         with self._wake:
             while True:
                 now = time.monotonic()
+                uncarried = [h for h, (due, _, _) in self._carriable.items() if due <= now]
+                for handle in uncarried:
+                    del self._carriable[handle]
+                    self._enqueue(functools.partial(self._write_queued, handle))
                 settles: list[LeaseHandle] = []
                 if self._to_settle and now >= self._settle_after:
                     settles, self._to_settle = self._to_settle, []
@@ -265,6 +309,7 @@ class Heartbeat:
                     return due, settles, claims
                 wake_at = [h._next_renewal_at for h in self._handles]
                 wake_at += [c.next_renewal_at for c in self._claims]
+                wake_at += [due for due, _, _ in self._carriable.values()]
                 if self._to_settle:
                     wake_at.append(self._settle_after)
                 self._sleeping_until = min(wake_at) if wake_at else math.inf

@@ -184,6 +184,66 @@ def test_a_background_finish_the_store_refuses_is_reported_stale(sqlite_url: str
     assert (record.owner, record.token) == ("other-owner", takeover[0].token)
 
 
+def test_the_next_claim_carries_a_finish_behind_the_return(
+        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
+    """Two fire-and-forget deliveries back to back: the second's claim writes the first's
+    finish in its own transaction (``Store.finish_and_claim``), so no sender thread makes it:
+    ``lease_finished`` for the first fires on the task's own thread, with the first
+    delivery's request; the first row is done with its result, the second claimed after it."""
+    app, quiet = _app(sqlite_url)
+    store = shared_store(sqlite_url)
+    carried: list[tuple[str, str]] = []
+    real = store.finish_and_claim
+
+    def spy(finished_lease: Any, result: Any, key: str, **kw: Any) -> Any:
+        carried.append((finished_lease.key, key))
+        return real(finished_lease, result, key, **kw)
+
+    store.finish_and_claim = spy  # type: ignore[method-assign]
+    try:
+        _trace(app, quiet, "t-first", 11, value="one")
+        _trace(app, quiet, "t-second", 12, value="two")  # within CARRY_WITHIN of the first
+    finally:
+        del store.finish_and_claim
+    assert carried == [("bg:11", "bg:12")]
+    first = store.get("bg:11")
+    assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
+    assert finished[0] == ("bg:11", "t-first", threading.current_thread().name)
+    second = _wait_done(sqlite_url, "bg:12")  # nothing came after it: a sender writes it
+    assert second is not None and second.result == "two"
+
+
+def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
+        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
+    """The claim that carries a finish meets a store error: the finish goes back to the
+    heartbeat and a sender writes it alone (the first key ends done); the delivery's own claim
+    is tried again without it and runs."""
+    from lease_celery.errors import StoreError
+
+    app, quiet = _app(sqlite_url)
+    store = shared_store(sqlite_url)
+    failures = [StoreError("test: the store failed the carrying claim")]
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        raise failures.pop()
+
+    store.finish_and_claim = failing  # type: ignore[method-assign]
+    try:
+        _trace(app, quiet, "t-first", 21, value="one")
+        assert _trace(app, quiet, "t-second", 22, value="two").retval == "two"
+    finally:
+        del store.finish_and_claim
+    assert failures == []  # the carrying claim was tried, and failed
+    first = _wait_done(sqlite_url, "bg:21")
+    assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
+    assert _wait_done(sqlite_url, "bg:22") is not None
+    deadline = time.monotonic() + 5
+    while len(finished) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    by_key = {key: thread for key, _, thread in finished}
+    assert by_key["bg:21"].startswith("lease-send-"), finished
+
+
 class _Lease:
     key, owner, token, cancel = "flush:1", "me", 1, None
 
