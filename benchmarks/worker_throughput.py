@@ -13,6 +13,9 @@ Redis (needs the ``bench`` dependency group: ``pip install -e . --group bench``)
 What the store's history costs a task: ``--variants plain,sqlite,sqlite-nohistory`` (and
 ``postgres-nohistory``) adds the same store in a file or schema of its own, whose history
 triggers are dropped after the warm-up; the run fails if that store still wrote history.
+What the finish behind the return changes: ``--variants plain,sqlite,sqlite-inline`` (and
+``postgres-inline``, ``redis-inline``) adds a worker of the same store whose tasks finish in
+the task (``lease_finish_in_background=False``).
 
 A *batch* is N tasks of one variant and body. The harness publishes all N while that
 variant's worker is paused (SIGSTOP of its process group: it cannot start early and compete
@@ -71,13 +74,20 @@ DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
 #: Also known: a store with its history triggers dropped after the warm-up, so that the same
 #: run measures what the store's history costs a task (``plain,sqlite,sqlite-nohistory``).
 NO_HISTORY = {"sqlite-nohistory": "sqlite", "postgres-nohistory": "postgres"}
-VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY)
+#: Also known: a store's tasks with every finish written in the task
+#: (``lease_finish_in_background=False``), on the same store, so that one run measures what
+#: the finish behind the return (carried by the next claim, or sent) changes
+#: (``plain,sqlite,sqlite-inline``).
+INLINE = {"sqlite-inline": "sqlite", "postgres-inline": "postgres", "redis-inline": "redis"}
+VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY, *INLINE)
 DEFAULT_TASKS = {"noop": 2000, "10ms": 500}
 #: The lease variants, and the environment variable holding each one's store URL.
 STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
              "redis": "BENCH_REDIS_STORE_URL",
              "sqlite-nohistory": "BENCH_SQLITE_NOHISTORY_URL",
-             "postgres-nohistory": "BENCH_POSTGRES_NOHISTORY_URL"}
+             "postgres-nohistory": "BENCH_POSTGRES_NOHISTORY_URL",
+             **{inline: f"BENCH_{store.upper()}_URL" if store != "redis"
+                else "BENCH_REDIS_STORE_URL" for inline, store in INLINE.items()}}
 #: The store's history triggers (lease_celery/stores/sql/*.sql, schema 5).
 HISTORY_TRIGGERS = ("lease_celery_history_new_key", "lease_celery_history_transition")
 
@@ -728,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated; plain is always run, as the baseline (also "
-                             "known: " + ", ".join(NO_HISTORY) + ")")
+                             "known: " + ", ".join([*NO_HISTORY, *INLINE]) + ")")
     parser.add_argument("--body", default="noop,10ms", help="comma-separated: noop, 10ms")
     parser.add_argument("--tasks", default="noop=2000,10ms=500",
                         help="tasks per batch: N for every body, or noop=N,10ms=M")

@@ -39,7 +39,10 @@ __all__ = ["BODIES", "VARIANTS", "app", "stats_key", "task_name"]
 
 #: Every variant this module knows, in the order the harness reports them.
 VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton",
-            "sqlite-nohistory", "postgres-nohistory")
+            "sqlite-nohistory", "postgres-nohistory",
+            "sqlite-inline", "postgres-inline", "redis-inline")
+#: A store's variant whose tasks finish in the task (``lease_finish_in_background=False``).
+INLINE = {"sqlite-inline": "sqlite", "postgres-inline": "postgres", "redis-inline": "redis"}
 #: Body name -> seconds the body sleeps (0: returns at once).
 BODIES = {"noop": 0.0, "10ms": 0.01}
 #: Seconds between two copies of a pool process's figures to Redis.
@@ -115,6 +118,9 @@ def _base_and_options(variant: str) -> tuple[type[Task], dict[str, Any]]:
     optional packages (celery-once, celery-singleton) are needed only to run their variant."""
     if variant == "plain":
         return app.Task, {}
+    if variant in INLINE:
+        base, options = _base_and_options(INLINE[variant])
+        return base, {**options, "lease_finish_in_background": False}
     if variant in STORE_URLS:
         from lease_celery import LeasedTask
 

@@ -26,8 +26,9 @@ __all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "MAX_PRIORIT
 DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
 DEFAULT_TTL = 30.0
 #: ``lease_finish_in_background = "auto"``: bodies that ran at least this long (seconds) finish
-#: behind their return. A body that short is CPU work or a fast call: the hand-off to a thread
-#: costs it more than the store round trip.
+#: behind their return on a sender thread, off the next task's path. A shorter body's finish
+#: is carried by the next claim instead: for such a body the hand-off to a thread costs more
+#: than the round trip it hides, and the carried finish saves the round trip.
 BACKGROUND_AFTER = 0.002
 
 
@@ -66,12 +67,19 @@ class LeaseSettings:
     limit: int | None = None
     rate: Rate | None = None
 
-    def finishes_in_background(self, body_seconds: float) -> bool:
-        """Whether a finish nothing waits for goes behind the return, after a body that ran
-        ``body_seconds``."""
+    def finish_mode(self, body_seconds: float, *, store_carries: bool) -> str:
+        """Where a finish nothing waits for is written, after a body that ran ``body_seconds``:
+        ``"inline"`` (in the task), ``"background"`` (behind the return, on a sender thread)
+        or ``"carried"`` (behind the return, in the process's next claim on the same store;
+        a sender's if no claim comes soon). ``True`` is always background; ``"auto"``
+        background after a body of ``BACKGROUND_AFTER`` or more, and after a shorter one
+        carried where the store writes a carried finish in the claim's own transaction
+        (``Store.carries_finish``), in the task elsewhere."""
         if self.finish_in_background == "auto":
-            return body_seconds >= BACKGROUND_AFTER
-        return self.finish_in_background is True
+            if body_seconds >= BACKGROUND_AFTER:
+                return "background"
+            return "carried" if store_carries else "inline"
+        return "background" if self.finish_in_background is True else "inline"
 
 
 def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:

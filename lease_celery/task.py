@@ -512,12 +512,15 @@ class LeasedTask(AttemptEnding):
             raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}")
         settle_within = self._settle_within(settings)
         request = self.request
-        if (settle_within is None and settings.finishes_in_background(handle._body_duration)
+        mode = settings.finish_mode(handle._body_duration,
+                                    store_carries=handle._store.carries_finish)
+        if (settle_within is None and mode != "inline"
                 and handle._lease.group is None  # its waiters are handed on from here
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:
-                finish_in_background(self, handle, result, heartbeat)
+                finish_in_background(self, handle, result, heartbeat,
+                                     carried=mode == "carried")
             except ResultNotSerializable as exc:
                 heartbeat.unwatch(handle)
                 self._after_error(handle, exc, settings)

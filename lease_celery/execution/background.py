@@ -3,16 +3,23 @@
 When Celery does nothing with a task's outcome (``ignore_result``, no callback, chain step or
 chord: ``AttemptEnding._settle_within`` is None), nothing after the body waits for the
 finish's verdict. Celery stores no result and sends nothing; the verdict changes only what the
-row says. So the finish is queued and the pool process takes its next task at once, a store
-round trip sooner (``lease_finish_in_background``; by default, ``"auto"``, only after a body
-that ran at least 2 ms). The next claim this process makes on the same store carries it:
-``Store.finish_and_claim`` writes both in one transaction (SQLite: one commit and one fsync
-instead of two; PostgreSQL: one statement), with no thread woken for it. Only a finish that no
-claim took within ``CARRY_WITHIN`` (the process went idle) is written by one of the heartbeat's
-sender threads. Measured with 10 ms bodies (``benchmarks/gate_cost.py --body-ms 10 --finish
-background``, alternating processes, 2026-12-06): a LeasedTask's CPU over plain 1,234 -> 970 µs
-(SQLite), 1,278 -> 924 µs (PostgreSQL), 948 -> 853 µs (Redis, whose two writes still go in
-turn: only the hand-off is saved).
+row says. So the finish is queued and the pool process takes its next task at once
+(``lease_finish_in_background``, ``settings.LeaseSettings.finish_mode``), in one of two ways:
+
+- *carried* (``"auto"``, the default, after a body shorter than 2 ms, on a store that makes it
+  one transaction: ``Store.carries_finish``, SQLite and PostgreSQL; on Redis such a finish is
+  written in the task): the next claim this process makes on the same store writes it,
+  ``Store.finish_and_claim``, both in one transaction (SQLite: one commit and one fsync
+  instead of two; PostgreSQL: one statement), with no thread woken for it; only a finish no
+  claim took within ``CARRY_WITHIN`` (the process went idle) is written by one of the
+  heartbeat's sender threads. The round trip is saved, but the next claim is a little longer:
+  it stays on the task's path. Through real workers (``worker_throughput.py``, against the
+  same store's tasks finishing in the task, alternating in one run, 2026-12-06): worker CPU
+  over plain per no-op task 1,050 -> 868 µs and PostgreSQL's 680 -> 490 µs (PostgreSQL),
+  1,027 -> 888 µs (SQLite), the rate unchanged within the noise.
+- *background* (``"auto"`` after a body of 2 ms or more, and ``True``): a sender thread writes
+  it at once, off the path of the next task, at the price of the hand-off to the thread
+  (which costs a short body more than the round trip it hides).
 
 What holds is what holds for a synchronous finish, judged by the same single conditional
 write: one accepted outcome per key, and a stale owner's finish refused. The difference is
@@ -81,13 +88,13 @@ class CarriedFinish:
 
 
 def finish_in_background(task: Any, handle: LeaseHandle, result: Any,
-                         heartbeat: Heartbeat) -> None:
+                         heartbeat: Heartbeat, *, carried: bool = False) -> None:
     """Queue the finish of ``handle`` with ``result``; the caller returns the result to Celery.
 
     ``result`` is encoded here, in the task, so a result the store cannot hold fails the task
-    as a synchronous finish would (``ResultNotSerializable``), before anything is queued. The
-    next claim of this process on the same store carries it (``CARRY_WITHIN``); a sender
-    writes it otherwise.
+    as a synchronous finish would (``ResultNotSerializable``), before anything is queued.
+    ``carried``: the next claim of this process on the same store writes it, unless none came
+    within ``CARRY_WITHIN`` (then a sender does); otherwise a sender writes it at once.
     """
     encoded = EncodedResult(encode_result(result))
     request = task.request  # the delivery's own Context: Celery pops it, and never changes it
@@ -99,6 +106,9 @@ def finish_in_background(task: Any, handle: LeaseHandle, result: Any,
         finally:
             task.request_stack.pop()
 
+    if not carried:
+        heartbeat.in_background(handle, write)
+        return
     carry = CarriedFinish(task, handle, encoded, request, heartbeat, write)
     heartbeat.in_background(handle, write, carry=carry, within=CARRY_WITHIN)
 

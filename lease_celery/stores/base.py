@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..checks import (
     cancel_reason,
@@ -92,6 +92,10 @@ class Store(abc.ABC):
     """
 
     url: str
+    #: Whether :meth:`finish_and_claim` is one transaction here (one commit, one round trip):
+    #: then a short task's finish behind the return is best carried by the next claim. A
+    #: store that sends the two writes in turn saves nothing by it.
+    carries_finish: ClassVar[bool] = False
 
     @abc.abstractmethod
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:

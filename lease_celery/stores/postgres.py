@@ -70,6 +70,8 @@ class PostgresStore(Store):
     it, raised without connecting.
     """
 
+    carries_finish = True  # finish_and_claim: one statement, one commit
+
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock

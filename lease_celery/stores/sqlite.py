@@ -78,6 +78,8 @@ class SQLiteStore(Store):
     commits, and with them the last tokens handed out.
     """
 
+    carries_finish = True  # finish_and_claim: one transaction, one fsync
+
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self.path, self.busy_timeout, self.synchronous = self._parse(url)

@@ -101,12 +101,17 @@ def test_the_finish_of_a_fire_and_forget_task_is_written_on_a_sender_thread(
     assert finished[1] == ("bg:2", "t-inline", threading.current_thread().name)
 
 
-def test_by_default_only_a_body_that_ran_a_while_finishes_in_the_background(
-        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
-    """``lease_finish_in_background`` unset ("auto"): a no-op body's finish is written in the
-    task (the hand-off would cost it more than the round trip), one after a 5 ms body on a
-    sender thread (the round trip overlaps the next task). A value other than True, False or
-    "auto" is refused, naming the setting."""
+def test_by_default_a_short_body_s_finish_is_carried_and_a_longer_one_s_sent_behind(
+        sqlite_url: str, finished: list[tuple[str, str | None, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lease_finish_in_background`` unset ("auto"): a no-op body's finish waits for the next
+    claim, which carries it (the round trip saved, no thread woken); a 5 ms body's goes to a
+    sender thread at once (off the next task's path). A carried finish that no claim takes in
+    time is written by a sender. A value other than True, False or "auto" is refused, naming
+    the setting."""
+    from lease_celery.execution import background
+
+    monkeypatch.setattr(background, "CARRY_WITHIN", 30.0)  # no sender takes it meanwhile
     app = Celery(f"background-{uuid.uuid4().hex[:6]}", broker="memory://",
                  backend="disabled://", set_as_current=False)
     app.conf.update(lease_store_url=sqlite_url, task_ignore_result=True,
@@ -119,13 +124,25 @@ def test_by_default_only_a_body_that_ran_a_while_finishes_in_the_background(
 
     app.finalize()
     _trace(app, job, "t-quick", 1, 0.0)
-    assert finished == [("auto:1", "t-quick", threading.current_thread().name)]
+    assert finished == []  # not in the task: queued for the next claim
+    record = shared_store(sqlite_url).get("auto:1")
+    assert record is not None and record.state is LeaseState.RUNNING
     _trace(app, job, "t-slow", 2, 0.005)
+    assert finished[0] == ("auto:1", "t-quick", threading.current_thread().name)
     assert _wait_done(sqlite_url, "auto:2").state is LeaseState.DONE
     deadline = time.monotonic() + 5
     while len(finished) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert finished[1][:2] == ("auto:2", "t-slow") and finished[1][2].startswith("lease-send-")
+
+    monkeypatch.setattr(background, "CARRY_WITHIN", 0.05)
+    _trace(app, job, "t-alone", 3, 0.0)
+    record = _wait_done(sqlite_url, "auto:3")
+    assert record is not None and record.state is LeaseState.DONE
+    deadline = time.monotonic() + 5
+    while len(finished) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert finished[2][:2] == ("auto:3", "t-alone") and finished[2][2].startswith("lease-send-")
 
     app.conf.lease_finish_in_background = "sometimes"
     from lease_celery.errors import ConfigError
@@ -185,12 +202,16 @@ def test_a_background_finish_the_store_refuses_is_reported_stale(sqlite_url: str
 
 
 def test_the_next_claim_carries_a_finish_behind_the_return(
-        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
-    """Two fire-and-forget deliveries back to back: the second's claim writes the first's
-    finish in its own transaction (``Store.finish_and_claim``), so no sender thread makes it:
-    ``lease_finished`` for the first fires on the task's own thread, with the first
+        sqlite_url: str, finished: list[tuple[str, str | None, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fire-and-forget no-op deliveries back to back: the second's claim writes the
+    first's finish in its own transaction (``Store.finish_and_claim``), so no sender thread
+    makes it: ``lease_finished`` for the first fires on the task's own thread, with the first
     delivery's request; the first row is done with its result, the second claimed after it."""
-    app, quiet = _app(sqlite_url)
+    from lease_celery.execution import background
+
+    monkeypatch.setattr(background, "CARRY_WITHIN", 30.0)  # no sender takes it meanwhile
+    app, quiet = _app(sqlite_url, lease_finish_in_background="auto")
     store = shared_store(sqlite_url)
     carried: list[tuple[str, str]] = []
     real = store.finish_and_claim
@@ -202,25 +223,29 @@ def test_the_next_claim_carries_a_finish_behind_the_return(
     store.finish_and_claim = spy  # type: ignore[method-assign]
     try:
         _trace(app, quiet, "t-first", 11, value="one")
-        _trace(app, quiet, "t-second", 12, value="two")  # within CARRY_WITHIN of the first
+        _trace(app, quiet, "t-second", 12, value="two")
     finally:
         del store.finish_and_claim
     assert carried == [("bg:11", "bg:12")]
     first = store.get("bg:11")
     assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
     assert finished[0] == ("bg:11", "t-first", threading.current_thread().name)
-    second = _wait_done(sqlite_url, "bg:12")  # nothing came after it: a sender writes it
-    assert second is not None and second.result == "two"
+    Heartbeat.for_process().flush_background(5.0)  # nothing comes after the second
+    second = store.get("bg:12")
+    assert second is not None and (second.state, second.result) == (LeaseState.DONE, "two")
 
 
 def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
-        sqlite_url: str, finished: list[tuple[str, str | None, str]]) -> None:
+        sqlite_url: str, finished: list[tuple[str, str | None, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The claim that carries a finish meets a store error: the finish goes back to the
     heartbeat and a sender writes it alone (the first key ends done); the delivery's own claim
     is tried again without it and runs."""
     from lease_celery.errors import StoreError
+    from lease_celery.execution import background
 
-    app, quiet = _app(sqlite_url)
+    monkeypatch.setattr(background, "CARRY_WITHIN", 30.0)
+    app, quiet = _app(sqlite_url, lease_finish_in_background="auto")
     store = shared_store(sqlite_url)
     failures = [StoreError("test: the store failed the carrying claim")]
 
@@ -234,6 +259,7 @@ def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
     finally:
         del store.finish_and_claim
     assert failures == []  # the carrying claim was tried, and failed
+    Heartbeat.for_process().flush_background(5.0)  # nothing comes after the second
     first = _wait_done(sqlite_url, "bg:21")
     assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
     assert _wait_done(sqlite_url, "bg:22") is not None
