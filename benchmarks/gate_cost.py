@@ -225,8 +225,12 @@ def _burst(deliver: Callable[[str, int], Any], batch: str, counter: Any, tasks: 
 
 
 def _clean_up(urls: dict[str, str], run: str) -> None:
+    from lease_celery.runtime.heartbeat import Heartbeat
     from lease_celery.stores.registry import shared_store
 
+    # The last finishes behind the return wait for a claim that will not come: written now,
+    # before the stores close (a write after the drop below would make the schema again).
+    Heartbeat.for_process().flush_background(5.0)
     for url in urls.values():
         shared_store(url).close()
     if "postgres" in urls:
