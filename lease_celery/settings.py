@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .checks import check_ttl
 from .errors import ConfigError, LeaseError
@@ -30,6 +30,8 @@ DEFAULT_TTL = 30.0
 #: is carried by the next claim instead: for such a body the hand-off to a thread costs more
 #: than the round trip it hides, and the carried finish saves the round trip.
 BACKGROUND_AFTER = 0.002
+#: Where a finish nothing waits for is written (``LeaseSettings.finish_mode``).
+FinishMode = Literal["inline", "background", "carried"]
 
 
 #: Defaults of the failure policy settings (``lease_<name>``).
@@ -49,10 +51,10 @@ class LeaseSettings:
     #: Write the finish of a task whose outcome Celery neither stores nor sends on behind the
     #: task's return, carried by the process's next claim or else on the heartbeat's sender
     #: threads (see ``lease_celery.execution.background``):
-    #: True, False, or "auto" (the default): behind the return when the body ran at least
-    #: ``BACKGROUND_AFTER`` seconds. It pays on bodies that wait (the round trip overlaps the
-    #: next task) and costs CPU-bound no-op bodies (the hand-off to the thread costs more
-    #: than the round trip it hides).
+    #: True (always on a sender), False (in the task), or "auto" (the default, ``finish_mode``):
+    #: on a sender when the body ran at least ``BACKGROUND_AFTER`` seconds (the round trip
+    #: overlaps the next task), carried by the next claim after a shorter body where the
+    #: store can (the hand-off to a thread would cost such a body more than the round trip).
     finish_in_background: bool | str = "auto"
     #: Write the key's row (``ready``, with the message) before publishing
     #: (``lease_celery.execution.published``).
@@ -67,7 +69,7 @@ class LeaseSettings:
     limit: int | None = None
     rate: Rate | None = None
 
-    def finish_mode(self, body_seconds: float, *, store_carries: bool) -> str:
+    def finish_mode(self, body_seconds: float, *, store_carries: bool) -> FinishMode:
         """Where a finish nothing waits for is written, after a body that ran ``body_seconds``:
         ``"inline"`` (in the task), ``"background"`` (behind the return, on a sender thread)
         or ``"carried"`` (behind the return, in the process's next claim on the same store;

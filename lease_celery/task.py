@@ -36,7 +36,7 @@ from .errors import (
 )
 from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
-from .execution.background import finish_in_background
+from .execution.background import CarriedFinish, finish_in_background
 from .execution.delivery import body_signature, task_info
 from .execution.limited import describe, group_of, hand_on, note_wait, refusal_delay
 from .execution.outage import deferral_reason, finish_waiting, retrying
@@ -298,7 +298,7 @@ class LeasedTask(AttemptEnding):
             # transaction (execution.background): one commit for both.
             carried = None if limit is not None else heartbeat.take_carried(store)
             try:
-                if carried is not None:
+                if isinstance(carried, CarriedFinish):
                     lease = self._claim_carrying(store, carried, key, owner, settings.ttl,
                                                  info)
                 elif limit is None:
@@ -359,12 +359,11 @@ class LeasedTask(AttemptEnding):
         self._defer(key, 0.0, settings, args, kwargs, why=str(contended), eager_error=contended)
 
     @staticmethod
-    def _claim_carrying(store: Store, carried: tuple[LeaseHandle, Any], key: str, owner: str,
+    def _claim_carrying(store: Store, finishing: CarriedFinish, key: str, owner: str,
                         ttl: float, info: Any) -> Lease | None:
         """The claim of ``key`` carrying a previous delivery's finish (``take_carried``): its
         verdict goes to that delivery (its signals, with its request); if the store fails,
         a sender writes the finish alone and the claim's failure is this delivery's."""
-        finishing: Any = carried[1]
         try:
             accepted, lease = store.finish_and_claim(finishing.lease, finishing.encoded, key,
                                                      owner=owner, ttl=ttl, task=info)

@@ -185,10 +185,11 @@ class Heartbeat:
                 return
         self._enqueue(functools.partial(self._write_queued, handle))
 
-    def take_carried(self, store: Store) -> tuple[LeaseHandle, object] | None:
-        """The oldest queued write that a claim on ``store`` may carry, now the caller's to
-        make (end it with ``carried``), or None. Taken at most once: by one claim, or by the
-        sender it went to when nobody took it in time, or by a process flushing its writes."""
+    def take_carried(self, store: Store) -> object | None:
+        """What the oldest queued write that a claim on ``store`` may carry handed to
+        ``in_background`` (``carry``), now the caller's to make (end it with ``carried``), or
+        None. Taken at most once: by one claim, or by the sender it went to when nobody took
+        it in time, or by a process flushing its writes."""
         with self._wake:
             for handle, (_, owner_store, carry) in self._carriable.items():
                 if owner_store is not store:
@@ -197,7 +198,7 @@ class Heartbeat:
                 if self._queued.pop(handle, None) is None:
                     return None  # flushed meanwhile (the process is going)
                 self._in_flight.add(handle)
-                return handle, carry
+                return carry
         return None
 
     def carried(self, handle: LeaseHandle) -> None:
