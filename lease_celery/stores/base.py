@@ -205,9 +205,10 @@ class Store(abc.ABC):
         key, owner, ttl = check_key(key), check_owner(owner), check_ttl(ttl)
         encoded_task = encode_task(task)
         if finished.key == key:
-            # One statement may not write one row twice (PostgreSQL refuses it): in order.
-            accepted = self._finish(finished, encoded, None)
-            row = self._claim(key, owner, ttl, encoded_task)
+            # One statement may not write one row twice (PostgreSQL refuses it): the
+            # contract's default, the two writes in turn.
+            accepted, row = Store._finish_and_claim(self, finished, encoded, key, owner, ttl,
+                                                    encoded_task)
         else:
             accepted, row = self._finish_and_claim(finished, encoded, key, owner, ttl,
                                                    encoded_task)

@@ -265,10 +265,8 @@ class SQLiteStore(Store):
     def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
                           ttl: float, task: str | None) -> tuple[bool, Row | None]:
         def body(conn: sqlite3.Connection, now: float) -> tuple[bool, Row | None]:
-            accepted = conn.execute(_Q["finish"], {
-                **fence_params(finished), "now": now, "result": result,
-                "settle_deadline": None}).rowcount == 1
-            return accepted, self._claim_in(conn, now, key, owner, ttl, task)
+            return (self._finish_in(conn, now, finished, result, None),
+                    self._claim_in(conn, now, key, owner, ttl, task))
 
         return self._write(body)  # one transaction: one commit, one fsync
 
@@ -377,10 +375,16 @@ class SQLiteStore(Store):
             for lease in leases])
 
     def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
-        return self._write(lambda conn, now: conn.execute(_Q["finish"], {
+        return self._write(lambda conn, now: self._finish_in(conn, now, lease, result,
+                                                             settle_within))
+
+    @staticmethod
+    def _finish_in(conn: sqlite3.Connection, now: float, lease: Lease, result: str,
+                   settle_within: float | None) -> bool:
+        return conn.execute(_Q["finish"], {
             **fence_params(lease), "now": now, "result": result,
             "settle_deadline": None if settle_within is None else now + settle_within}
-            ).rowcount == 1)
+            ).rowcount == 1
 
     def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["release"], {
