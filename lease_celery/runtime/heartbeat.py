@@ -51,6 +51,9 @@ SENDERS = 4
 #: socket timeout, 5 s by default, longer than a short ttl), another sender is started, up to
 #: this many: the next renewal, or a settle confirmation, still goes out on time.
 MAX_SENDERS = 16
+#: Seconds after the last finish queued for a claim to carry during which the scheduling
+#: thread keeps checking for uncarried ones on its own (``Heartbeat._carry_tick``).
+CARRY_TICKING = 1.0
 
 
 class Heartbeat:
@@ -98,6 +101,17 @@ class Heartbeat:
         # Queued writes that the next claim on their store may carry (take_carried), each
         # with the instant it goes to a sender if none has, its store and what the claim needs.
         self._carriable: dict[LeaseHandle, tuple[float, Store, object]] = {}
+        # Threads in flush_background waiting for in-flight writes. Only they need to hear
+        # that one ended: the scheduling thread waits on the same condition, and waking it
+        # for every finish (twice per task when the next claim carries it) cost a wake-up
+        # per task that it spent finding nothing to do.
+        self._flushing = 0
+        # While finishes are being carried, the scheduling thread checks for uncarried ones
+        # every ``within`` seconds on its own (until ``CARRY_TICKING`` after the last one
+        # queued): woken for each (``in_background``), it found the next claim had already
+        # carried the finish by the time it ran, went back to sleep until the next renewal,
+        # and was woken again by the next task's finish: a wake-up per task.
+        self._carry_queued_at, self._carry_tick = -math.inf, 0.0
         # Senders started, and how many of them wait for a call now (a real lock: the
         # senders are real OS threads under green pools too).
         self._senders, self._idle, self._senders_lock = 0, 0, green.lock()
@@ -178,8 +192,10 @@ class Heartbeat:
             handle._writing = True
             self._queued[handle] = write
             if carry is not None and within > 0:
-                due = time.monotonic() + within
+                now = time.monotonic()
+                due = now + within
                 self._carriable[handle] = (due, handle._store, carry)
+                self._carry_queued_at, self._carry_tick = now, within
                 if due < self._sleeping_until:
                     self._wake.notify()
                 return
@@ -203,9 +219,13 @@ class Heartbeat:
 
     def carried(self, handle: LeaseHandle) -> None:
         """A claim made (or gave back) the write it took with ``take_carried``."""
+        self._written(handle)
+
+    def _written(self, handle: LeaseHandle) -> None:
         with self._wake:
             self._in_flight.discard(handle)
-            self._wake.notify_all()
+            if self._flushing:
+                self._wake.notify_all()
 
     def _write_queued(self, handle: LeaseHandle) -> None:
         with self._wake:
@@ -216,9 +236,7 @@ class Heartbeat:
         try:
             write()
         finally:
-            with self._wake:
-                self._in_flight.discard(handle)
-                self._wake.notify_all()
+            self._written(handle)
 
     def flush_background(self, timeout: float) -> None:
         """Make the queued background writes now, in the calling thread, and wait up to
@@ -234,8 +252,12 @@ class Heartbeat:
                 logger.exception("lease background write failed")
         deadline = time.monotonic() + timeout
         with self._wake:
-            while self._in_flight and time.monotonic() < deadline:
-                self._wake.wait(deadline - time.monotonic())
+            self._flushing += 1
+            try:
+                while self._in_flight and time.monotonic() < deadline:
+                    self._wake.wait(deadline - time.monotonic())
+            finally:
+                self._flushing -= 1
 
     def flush_settles(self) -> None:
         """Send the queued confirmations now, in the calling thread (the process is going)."""
@@ -311,6 +333,8 @@ class Heartbeat:
                 wake_at = [h._next_renewal_at for h in self._handles]
                 wake_at += [c.next_renewal_at for c in self._claims]
                 wake_at += [due for due, _, _ in self._carriable.values()]
+                if now - self._carry_queued_at < CARRY_TICKING:
+                    wake_at.append(now + self._carry_tick)
                 if self._to_settle:
                     wake_at.append(self._settle_after)
                 self._sleeping_until = min(wake_at) if wake_at else math.inf

@@ -270,6 +270,37 @@ def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
     assert by_key["bg:21"].startswith("lease-send-"), finished
 
 
+def test_carried_finishes_do_not_wake_the_scheduling_thread_for_each_task(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy process whose every finish the next claim carries: the heartbeat's scheduling
+    thread is not woken for each one (it checks for uncarried finishes on its own, every
+    ``CARRY_WITHIN``), since every wake-up costs the process CPU; the last finish, which no
+    claim carries, is still written by a sender soon after."""
+    from lease_celery.runtime import heartbeat as heartbeat_module
+
+    notified: list[float] = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            woken = super().wait(timeout)
+            if woken and threading.current_thread().name == "lease-heartbeat":
+                notified.append(time.monotonic())
+            return woken
+
+    with monkeypatch.context() as patch:
+        patch.setattr(heartbeat_module.threading, "Condition", Counting)
+        heartbeat = Heartbeat()
+    monkeypatch.setattr(Heartbeat, "_instance", heartbeat)
+    app, quiet = _app(sqlite_url, lease_finish_in_background="auto")
+    time.sleep(0.1)
+    notified.clear()
+    for n in range(60):
+        _trace(app, quiet, f"t-{n}", 1000 + n)
+    record = _wait_done(sqlite_url, "bg:1059", timeout=2.0)
+    assert record is not None and record.state is LeaseState.DONE
+    assert len(notified) <= 5, f"woken {len(notified)} times for 60 carried finishes"
+
+
 class _Lease:
     key, owner, token, cancel = "flush:1", "me", 1, None
 
