@@ -7,10 +7,10 @@ row says. So the finish is queued and the pool process takes its next task at on
 (``lease_finish_in_background``, ``settings.LeaseSettings.finish_mode``), in one of two ways:
 
 - *carried* (``"auto"``, the default, after a body shorter than 2 ms, on a store that makes it
-  one transaction: ``Store.carries_finish``, SQLite and PostgreSQL; on Redis such a finish is
-  written in the task): the next claim this process makes on the same store writes it,
-  ``Store.finish_and_claim``, both in one transaction (SQLite: one commit and one fsync
-  instead of two; PostgreSQL: one statement), with no thread woken for it; only a finish no
+  one transaction: ``Store.carries_finish``, all three): the next claim this process makes on
+  the same store writes it, ``Store.finish_and_claim``, both in one transaction (SQLite: one
+  commit and one fsync instead of two; PostgreSQL: one statement; Redis: one script), with
+  no thread woken for it; only a finish no
   claim took within ``CARRY_WITHIN`` (the process went idle) is written by one of the
   heartbeat's sender threads. The round trip is saved, but the next claim is a little longer:
   it stays on the task's path. Through real workers (``worker_throughput.py``, against the

@@ -92,9 +92,9 @@ class Store(abc.ABC):
     """
 
     url: str
-    #: Whether :meth:`finish_and_claim` is one transaction here (one commit, one round trip):
-    #: then a short task's finish behind the return is best carried by the next claim. A
-    #: store that sends the two writes in turn saves nothing by it.
+    #: Whether :meth:`finish_and_claim` is one transaction here (one commit or one script, one
+    #: round trip): then a short task's finish behind the return is best carried by the next
+    #: claim. A store that sends the two writes in turn saves nothing by it.
     carries_finish: ClassVar[bool] = False
 
     @abc.abstractmethod

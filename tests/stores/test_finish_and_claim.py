@@ -1,6 +1,6 @@
 """``Store.finish_and_claim``: the previous delivery's finish carried by the next one's claim.
 
-On every store (SQLite and PostgreSQL make them one transaction, Redis sends them in turn),
+On every store (one transaction: SQLite's, one PostgreSQL statement, one Redis script),
 each half is judged by its own rule exactly as if sent alone: the finish fenced on its lease,
 the claim on its key's row; neither half's refusal changes the other's answer.
 """
@@ -8,8 +8,9 @@ the claim on its key's row; neither half's refusal changes the other's answer.
 from __future__ import annotations
 
 import pytest
+import redis
 
-from lease_celery import LeaseState, Store
+from lease_celery import LeaseState, Store, open_store
 from lease_celery.errors import ResultNotSerializable
 from lease_celery.testing import ManualClock
 
@@ -95,3 +96,35 @@ def test_a_result_that_is_not_json_writes_nothing(stores: list[Store]) -> None:
     assert store.get("carry:after") is None
     row = store.get("carry:bad")
     assert row is not None and row.state is LeaseState.RUNNING
+
+
+def test_redis_a_carrying_script_whose_reply_was_lost_reports_what_it_did(
+        redis_store_url: str) -> None:
+    """The script ran (the finish landed, the claim was granted) but its reply was lost with
+    the connection: the store sends it once more, and that copy, judged against the first
+    one's effect, is refused both ways. The caller is still told the truth: accepted, and the
+    lease the first copy granted (its nonce is on the row)."""
+    with open_store(redis_store_url) as store:
+        caller = store._caller  # type: ignore[attr-defined]
+        carrying = store._scripts["finish_and_claim"]  # type: ignore[attr-defined]
+        real, lost = caller.run, []
+
+        def losing(script: object, keys: object, args: object, **kw: object) -> object:
+            answer = real(script, keys, args, **kw)
+            if not lost and script is carrying:
+                lost.append(answer)
+                raise redis.ConnectionError("test: the reply was lost")
+            return answer
+
+        first = store.claim("carry:lost", owner="w", ttl=TTL)
+        assert first is not None
+        caller.run = losing
+        accepted, claimed = store.finish_and_claim(first, "r", "carry:lost-next", owner="w",
+                                                   ttl=TTL)
+        assert lost, "the carrying script was not sent"
+        row = store.get("carry:lost-next")
+        assert row is not None and row.state is LeaseState.RUNNING
+        assert accepted is True
+        assert claimed is not None and (claimed.token, claimed.owner) == (row.token, "w")
+        done = store.get("carry:lost")
+        assert done is not None and (done.state, done.result) == (LeaseState.DONE, "r")

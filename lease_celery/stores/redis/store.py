@@ -81,6 +81,7 @@ def _server_errors(method: Callable[Concatenate[RedisStore, _P], _T]
 #: The scripts whose writes ``?wait_replicas=N`` waits for: those a failover must not lose
 #: (a claim's token, an accepted outcome, a receipt), and the epoch itself.
 _REPLICATED = frozenset({"claim", "claim_limited", "claim_settlement", "fenced_write",
+                         "finish_and_claim",
                          "settle_many", "record_published",
                          "effect_insert", "effect_restart", "effect_update", "epoch_open",
                          "epoch_reset"})
@@ -121,6 +122,8 @@ class RedisStore(Store):
     option, or one given twice, is a ``ConfigError`` naming it, raised without connecting:
     the store sets the others itself (``decode_responses``, its retry) or cannot honour them.
     """
+
+    carries_finish = True  # finish_and_claim: one script, one round trip
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
@@ -438,6 +441,23 @@ class RedisStore(Store):
     def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
         return self._fenced_write(lease, LeaseState.DONE, result=result,
                                   settle_within=settle_within)
+
+    def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
+                          ttl: float, task: str | None) -> tuple[bool, Row | None]:
+        nonce = uuid.uuid4().hex
+
+        def if_resent(reply: Any) -> Any:
+            # The first send may have run: then its finish is on the row under our owner and
+            # token, and its claim's nonce is on the claimed row.
+            accepted, claimed = reply
+            return [int(accepted) or self.settled_by(finished, LeaseState.DONE),
+                    claimed or self._claimed_by(key, owner, nonce)]
+
+        accepted, claimed = self._call("finish_and_claim", [
+            self._keys(finished.key)[0], self._running, *self._keys(key),
+            f"{self.prefix}fence"], [finished.owner, str(finished.token), result, owner,
+                                     repr(ttl), task or "", nonce], if_resent=if_resent)
+        return bool(int(accepted)), dict(zip(_CLAIMED, claimed, strict=False)) if claimed else None
 
     def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
         return self._fenced_write(lease, LeaseState.READY, reason=reason, delay=delay)

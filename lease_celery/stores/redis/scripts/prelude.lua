@@ -176,6 +176,62 @@ local function lease_current(lease_hash, owner, token, t)
     'HMGET', lease_hash, 'state', 'owner', 'token', 'expires_at'))
   return state == 'running' and o == owner and tok == token and tonumber(expires_at) > t
 end
+-- finish (done), release (ready) and kill (dead), fenced on the current lease
+-- (fenced_write.lua, finish_and_claim.lua): the lease hash and the attention index;
+-- new_state, result_json, reason, delay ('' for none), settle_within ('' for settled
+-- at once: done/dead only). Returns 1, or 0 when the lease is not current.
+local function write_fenced(hash, index, t, by_owner, by_token, new_state, result,
+                            reason, delay_text, settle_within)
+  local state, owner, token, expires_at, fence = unpack(redis.call(
+    'HMGET', hash, 'state', 'owner', 'token', 'expires_at', 'fence'))
+  if not (state == 'running' and owner == by_owner and token == by_token
+          and tonumber(expires_at) > t) then
+    return 0
+  end
+  local delay = tonumber(delay_text ~= '' and delay_text or '0')
+  if new_state == 'done' then
+    record(index, hash, t, 'finished', owner, token, fence, nil)
+  elseif new_state == 'dead' then
+    record(index, hash, t, 'dead', owner, token, fence, reason)
+  elseif delay > 0 then
+    record(index, hash, t, 'retry', owner, token, fence, (reason ~= '' and reason
+           or 'released') .. '; claimable again in ' .. string.format('%.2f', delay) .. 's')
+  else
+    record(index, hash, t, 'released', owner, token, fence, reason ~= '' and reason or nil)
+  end
+  -- One write and one delete of the hash's fields (each command costs the server more than a
+  -- field): the new state, result and reason; ready: when it is claimable again; done/dead with
+  -- settle_within: settling until the owner confirms or the deadline.
+  local set = {'state', new_state, 'updated_at', fmt(t)}
+  local gone = {'swept_by'}
+  if new_state == 'done' then gone[#gone + 1] = 'checkpoint'; gone[#gone + 1] = 'cancel' end
+  if result ~= '' then set[#set + 1] = 'result'; set[#set + 1] = result end
+  if reason ~= '' then set[#set + 1] = 'reason'; set[#set + 1] = reason
+  else gone[#gone + 1] = 'reason' end
+  local expires_at, watch_at = fmt(t), nil
+  if new_state == 'ready' then
+    watch_at = t
+    if delay > 0 then
+      watch_at = t + delay
+      set[#set + 1] = 'not_before'; set[#set + 1] = fmt(watch_at)
+    end
+  elseif settle_within ~= '' then
+    expires_at = fmt(t + tonumber(settle_within))
+    watch_at = tonumber(expires_at)
+    set[#set + 1] = 'settling'; set[#set + 1] = '1'
+  end
+  set[#set + 1] = 'expires_at'; set[#set + 1] = expires_at
+  redis.call('HSET', hash, unpack(set))
+  redis.call('HDEL', hash, unpack(gone))
+  index_lease(hash, 'running', new_state, fmt(t))
+  if watch_at then
+    watch(index, hash, watch_at)
+  else  -- settled at once
+    if new_state == 'done' then drop_task(hash) end
+    redis.call('ZREM', index, hash)
+  end
+  return 1
+end
 -- The claim (claim.lua, claim_limited.lua): take a lease hash that is free (no row, ready and
 -- past its backoff, or running with an expired lease: a takeover). grp and slot: a limited
 -- claim's group and slot token (nil: none). Returns the claim's reply, or false.
