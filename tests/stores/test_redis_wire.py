@@ -179,3 +179,33 @@ def _reap(pid: int, timeout: float = 30.0) -> None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     raise AssertionError(f"the forked child did not finish within {timeout}s")
+
+
+def test_a_script_call_is_the_command_redis_py_would_send(redis_store_url: str) -> None:
+    """The caller packs ``EVALSHA`` itself (hiredis, in C): the bytes are those redis-py's
+    packer makes, for text that is not ASCII too; an argument hiredis does not take is
+    redis-py's DataError, as before."""
+    with open_store(redis_store_url) as store:
+        pool = store._client.connection_pool  # type: ignore[attr-defined]
+        connection = pool.connection_class(**pool.connection_kwargs)
+        script = store._scripts["claim"]  # type: ignore[attr-defined]
+        keys, args = ["lease:ключ:🙂", "token:k"], ["", "owner", 30, 1.5, '{"a": "ü"}']
+        assert b"".join(redis_wire._packed(connection, script, keys, args)) == b"".join(
+            connection.pack_command("EVALSHA", script.sha, 2, *keys, *args))
+        with pytest.raises(redis.DataError):
+            store._caller.run(script, [], [None])  # type: ignore[attr-defined]
+
+
+def test_without_hiredis_the_store_packs_with_redis_py(
+        redis_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hiredis is optional: without it every script call goes through redis-py's packer, and
+    an argument neither takes is redis-py's DataError, as a StoreError naming the server."""
+    monkeypatch.setattr(redis_wire, "_hiredis_pack", None)
+    with open_store(redis_store_url) as store:
+        lease = store.claim("wire:plain", owner="w", ttl=30)
+        assert lease is not None and store.finish(lease, {"ok": 1})
+        record = store.get("wire:plain")
+        assert record is not None and record.result == {"ok": 1}
+        caller = store._caller  # type: ignore[attr-defined]
+        with pytest.raises(redis.DataError):
+            caller.run(store._scripts["now"], [], [None])  # type: ignore[attr-defined]
