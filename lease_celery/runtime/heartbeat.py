@@ -51,9 +51,6 @@ SENDERS = 4
 #: socket timeout, 5 s by default, longer than a short ttl), another sender is started, up to
 #: this many: the next renewal, or a settle confirmation, still goes out on time.
 MAX_SENDERS = 16
-#: Seconds after the last finish queued for a claim to carry during which the scheduling
-#: thread keeps checking for uncarried ones on its own (``Heartbeat._carry_tick``).
-CARRY_TICKING = 1.0
 
 
 class Heartbeat:
@@ -106,12 +103,14 @@ class Heartbeat:
         # for every finish (twice per task when the next claim carries it) cost a wake-up
         # per task that it spent finding nothing to do.
         self._flushing = 0
-        # While finishes are being carried, the scheduling thread checks for uncarried ones
-        # every ``within`` seconds on its own (until ``CARRY_TICKING`` after the last one
-        # queued): woken for each (``in_background``), it found the next claim had already
-        # carried the finish by the time it ran, went back to sleep until the next renewal,
-        # and was woken again by the next task's finish: a wake-up per task.
-        self._carry_queued_at, self._carry_tick = -math.inf, 0.0
+        # When the scheduling thread looks at the queued writes next because one fell due
+        # (in_background woke it for that one): it keeps that appointment even if a claim
+        # carries the write first. Woken for a finish, it used to find the next claim had
+        # already carried it by the time it ran, sleep until the next renewal, and be woken
+        # again by the next task's finish: a wake-up per task. Now the finishes queued before
+        # that instant wake nobody, and the thread wakes about once per ``within`` while
+        # finishes come, twice for one that comes alone.
+        self._carry_check_at = math.inf
         # Senders started, and how many of them wait for a call now (a real lock: the
         # senders are real OS threads under green pools too).
         self._senders, self._idle, self._senders_lock = 0, 0, green.lock()
@@ -176,7 +175,8 @@ class Heartbeat:
         With ``carry``, the write waits up to ``within`` seconds for this process's next claim
         on the handle's store to take it (``take_carried``: ``carry`` is what that claim needs
         to make the write itself); only then does a sender make it. A busy process thus
-        writes each finish in the next claim's transaction, with no thread woken for it.
+        writes each finish in the next claim's transaction, and the scheduling thread wakes
+        about once per ``within``, not once per finish.
 
         Under green pools the write is made here, in the task's greenlet, before it returns:
         on a sender (a real OS thread) it would use the store the tasks share, which is not
@@ -192,11 +192,10 @@ class Heartbeat:
             handle._writing = True
             self._queued[handle] = write
             if carry is not None and within > 0:
-                now = time.monotonic()
-                due = now + within
+                due = time.monotonic() + within
                 self._carriable[handle] = (due, handle._store, carry)
-                self._carry_queued_at, self._carry_tick = now, within
                 if due < self._sleeping_until:
+                    self._carry_check_at = min(self._carry_check_at, due)
                     self._wake.notify()
                 return
         self._enqueue(functools.partial(self._write_queued, handle))
@@ -333,8 +332,10 @@ class Heartbeat:
                 wake_at = [h._next_renewal_at for h in self._handles]
                 wake_at += [c.next_renewal_at for c in self._claims]
                 wake_at += [due for due, _, _ in self._carriable.values()]
-                if now - self._carry_queued_at < CARRY_TICKING:
-                    wake_at.append(now + self._carry_tick)
+                if self._carry_check_at <= now:
+                    self._carry_check_at = math.inf  # kept (what fell due was handed on above)
+                elif self._carry_check_at < math.inf:
+                    wake_at.append(self._carry_check_at)
                 if self._to_settle:
                     wake_at.append(self._settle_after)
                 self._sleeping_until = min(wake_at) if wake_at else math.inf

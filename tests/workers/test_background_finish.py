@@ -119,7 +119,7 @@ def test_by_default_a_short_body_s_finish_is_carried_and_a_longer_one_s_sent_beh
         sqlite_url: str, finished: list[tuple[str, str | None, str]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``lease_finish_in_background`` unset ("auto"): a no-op body's finish waits for the next
-    claim, which carries it (the round trip saved, no thread woken); a longer body's goes to
+    claim, which carries it (the round trip saved, no sender woken); a longer body's goes to
     a sender thread at once (off the next task's path; 60 ms against a threshold of 50 here).
     A carried finish that no claim takes in time is written by a sender. A value other than
     True, False or "auto" is refused, naming the setting."""
@@ -282,36 +282,62 @@ def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
     assert by_key["bg:21"].startswith("lease-send-"), finished
 
 
-def test_carried_finishes_do_not_wake_the_scheduling_thread_for_each_task(
-        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy process whose every finish the next claim carries: the heartbeat's scheduling
-    thread is not woken for each one (it checks for uncarried finishes on its own, every
-    ``CARRY_WITHIN``), since every wake-up costs the process CPU; the last finish, which no
-    claim carries, is still written by a sender soon after."""
+def _counting_heartbeat(monkeypatch: pytest.MonkeyPatch) -> tuple[Heartbeat, list[bool]]:
+    """This process's heartbeat, made anew so that every wake-up of its scheduling thread is
+    recorded (True: notified, False: its own timeout)."""
     from lease_celery.runtime import heartbeat as heartbeat_module
 
-    notified: list[float] = []
+    woken: list[bool] = []
 
     class Counting(threading.Condition):
         def wait(self, timeout: float | None = None) -> bool:
-            woken = super().wait(timeout)
-            if woken and threading.current_thread().name == "lease-heartbeat":
-                notified.append(time.monotonic())
-            return woken
+            notified = super().wait(timeout)
+            if threading.current_thread().name == "lease-heartbeat":
+                woken.append(notified)
+            return notified
 
     with monkeypatch.context() as patch:
         patch.setattr(heartbeat_module.threading, "Condition", Counting)
         heartbeat = Heartbeat()
     monkeypatch.setattr(Heartbeat, "_instance", heartbeat)
-    _short_bodies_are_carried(monkeypatch, within=None)
+    time.sleep(0.1)  # its first sleep
+    woken.clear()
+    return heartbeat, woken
+
+
+def test_carried_finishes_do_not_wake_the_scheduling_thread_for_each_task(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy process whose every finish the next claim carries: the heartbeat's scheduling
+    thread is woken once (for the first finish, to look again when its carry deadline comes),
+    not for each one (every wake-up costs the process CPU; it was woken twice per task)."""
+    heartbeat, woken = _counting_heartbeat(monkeypatch)
+    _short_bodies_are_carried(monkeypatch)  # a carry deadline of 30 s: none falls due here
     app, quiet = _app(sqlite_url, lease_finish_in_background="auto")
-    time.sleep(0.1)
-    notified.clear()
     for n in range(60):
         _trace(app, quiet, f"t-{n}", 1000 + n)
-    record = _wait_done(sqlite_url, "bg:1059", timeout=2.0)
+    time.sleep(0.1)
+    assert len(woken) <= 2, f"woken {len(woken)} times for 60 carried finishes"
+    heartbeat.flush_background(5.0)  # the last one, which no claim carries
+    record = shared_store(sqlite_url).get("bg:1059")
     assert record is not None and record.state is LeaseState.DONE
-    assert len(notified) <= 5, f"woken {len(notified)} times for 60 carried finishes"
+
+
+def test_an_occasional_carried_finish_costs_the_scheduling_thread_two_wake_ups(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that carries a finish now and then (every 100 ms here, each carried by the
+    next claim): the scheduling thread wakes for each at most twice, when it is queued and
+    when its carry deadline comes, and not on a timer in between (a 20 ms timer after each
+    cost about 50 wake-ups a second); one that no claim takes is written soon after its
+    deadline all the same."""
+    _, woken = _counting_heartbeat(monkeypatch)
+    _short_bodies_are_carried(monkeypatch, within=None)  # the default deadline, 20 ms
+    app, quiet = _app(sqlite_url, lease_finish_in_background="auto")
+    for n in range(6):
+        _trace(app, quiet, f"t-{n}", 2000 + n)
+        time.sleep(0.1)
+    assert len(woken) <= 2 * 6 + 1, f"woken {len(woken)} times for 6 carried finishes"
+    record = _wait_done(sqlite_url, "bg:2005", timeout=1.0)  # no claim came after it
+    assert record is not None and record.state is LeaseState.DONE
 
 
 class _Lease:
