@@ -10,7 +10,7 @@ row says. So the finish is queued and the pool process takes its next task at on
   one transaction: ``Store.carries_finish``, all three): the next claim this process makes on
   the same store writes it, ``Store.finish_and_claim``, both in one transaction (SQLite: one
   commit and one fsync instead of two; PostgreSQL: one statement; Redis: one script), with no
-  thread woken for it; only a finish no claim took within ``CARRY_WITHIN`` (the process went
+  sender woken for it; only a finish no claim took within ``CARRY_WITHIN`` (the process went
   idle) is written by one of the heartbeat's sender threads. The round trip is saved, but the
   next claim is a little longer: it stays on the task's path. Through real workers
   (``worker_throughput.py``, against the same store's tasks finishing in the task, alternating
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 
 #: Seconds a finish behind the return waits for this process's next claim on its store to
-#: carry it (``Store.finish_and_claim``: one transaction, no thread woken) before a sender
+#: carry it (``Store.finish_and_claim``: one transaction, no sender woken) before a sender
 #: writes it alone. A busy pool process claims its next (prefetched) task within a few
 #: milliseconds; a process left idle writes it this much later.
 CARRY_WITHIN = 0.02
