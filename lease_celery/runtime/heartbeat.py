@@ -375,24 +375,36 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            due, settles, claims = self._due()
-            if settles:
-                self._enqueue(functools.partial(self._send_settles, settles))
-            if claims:
-                self._schedule_adoption(claims)
-            groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
-            for handle in due:
-                groups[handle._store, handle._ttl].append(handle)
-            for (store, ttl), handles in groups.items():
-                # Scheduled at sending, not when the reply comes: the next renewal goes out on
-                # time even while this one is still waiting for a slow store.
-                sent_at = time.monotonic()
-                delays = [max(0.0, sent_at - handle._next_renewal_at) for handle in handles]
-                for handle in handles:
-                    handle._next_renewal_at = sent_at + handle._heartbeat_interval
-                # Under green pools, each sender renews through its own copy of the store.
-                self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
-                                                   ttl, handles, sent_at, delays))
+            try:
+                self._schedule()
+            except Exception:  # never let the thread die: a dead heartbeat loses every lease
+                logger.exception("lease heartbeat scheduling failed; going on in %ss",
+                                 RETRY_AFTER_ERROR)
+                with self._wake:
+                    self._sleeping_until = time.monotonic() + RETRY_AFTER_ERROR
+                    self._wake.wait(RETRY_AFTER_ERROR)
+                    self._sleeping_until = -math.inf
+
+    def _schedule(self) -> None:
+        """Wait for what falls due, and hand it to the senders."""
+        due, settles, claims = self._due()
+        if settles:
+            self._enqueue(functools.partial(self._send_settles, settles))
+        if claims:
+            self._schedule_adoption(claims)
+        groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
+        for handle in due:
+            groups[handle._store, handle._ttl].append(handle)
+        for (store, ttl), handles in groups.items():
+            # Scheduled at sending, not when the reply comes: the next renewal goes out on
+            # time even while this one is still waiting for a slow store.
+            sent_at = time.monotonic()
+            delays = [max(0.0, sent_at - handle._next_renewal_at) for handle in handles]
+            for handle in handles:
+                handle._next_renewal_at = sent_at + handle._heartbeat_interval
+            # Under green pools, each sender renews through its own copy of the store.
+            self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
+                                               ttl, handles, sent_at, delays))
 
     def _schedule_adoption(self, claims: list[InFlight]) -> None:
         """Queue the adoption of claims whose reply is still unread, one call per store; a
