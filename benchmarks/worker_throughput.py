@@ -68,23 +68,17 @@ REPO = Path(__file__).resolve().parent.parent
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 BROKER_DB, STORE_DB = 9, 14
 PG_DSN = "postgresql://127.0.0.1:5432/test"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
 
-#: The variants a run measures by default.
-DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
-#: Also known: a store with its history triggers dropped after the warm-up, so that the same
-#: run measures what the store's history costs a task (``plain,sqlite,sqlite-nohistory``).
-NO_HISTORY = {"sqlite-nohistory": "sqlite", "postgres-nohistory": "postgres"}
-#: Also known: a store's tasks with every finish written in the task
-#: (``lease_finish_in_background=False``), on the same store, so that one run measures what
-#: the finish behind the return (carried by the next claim, or sent) changes
-#: (``plain,sqlite,sqlite-inline``).
-INLINE = {"sqlite-inline": "sqlite", "postgres-inline": "postgres", "redis-inline": "redis"}
-#: Also known: a store's tasks whose every finish behind the return is carried by the next
-#: claim, however long the body ran ("auto" carries only bodies under 2 ms), so that one run
-#: measures what the threshold buys a 10 ms body (``--body 10ms plain,postgres,postgres-carried``).
-CARRIED = {"sqlite-carried": "sqlite", "postgres-carried": "postgres",
-           "redis-carried": "redis"}
-VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY, *INLINE, *CARRIED)
+from benchmarks.worker_variants import (  # noqa: E402
+    CARRIED,
+    DEFAULT_VARIANTS,
+    INLINE,
+    NO_HISTORY,
+    VARIANTS,
+)
+
 DEFAULT_TASKS = {"noop": 2000, "10ms": 500}
 #: The lease variants, and the environment variable holding each one's store URL.
 STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
@@ -337,8 +331,6 @@ class Run:
         """Import the app module in this process (the publisher), with every variant's task
         registered: celery-once and celery-singleton lock in ``apply_async``."""
         os.environ.update(self.env, BENCH_VARIANTS=",".join(self.variants))
-        if str(REPO) not in sys.path:
-            sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
         self.app_module = importlib.import_module("benchmarks.worker_throughput_app")
         return self.app_module
 

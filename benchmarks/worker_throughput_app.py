@@ -35,20 +35,10 @@ import redis
 from celery import Celery, Task
 from celery import signals as celery_signals
 
+from benchmarks.worker_variants import CARRIED, INLINE, VARIANTS
+
 __all__ = ["BODIES", "VARIANTS", "app", "stats_key", "task_name"]
 
-#: Every variant this module knows, in the order the harness reports them.
-VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton",
-            "sqlite-nohistory", "postgres-nohistory",
-            "sqlite-inline", "postgres-inline", "redis-inline",
-            "sqlite-carried", "postgres-carried", "redis-carried")
-#: A store's variant whose tasks finish in the task (``lease_finish_in_background=False``).
-INLINE = {"sqlite-inline": "sqlite", "postgres-inline": "postgres", "redis-inline": "redis"}
-#: A store's variant whose every finish behind the return is carried by the next claim, however
-#: long the body ran (its worker raises ``BACKGROUND_AFTER``, the 2 ms past which "auto" sends
-#: the finish on a sender thread instead): what that threshold buys a 10 ms body.
-CARRIED = {"sqlite-carried": "sqlite", "postgres-carried": "postgres",
-           "redis-carried": "redis"}
 #: Body name -> seconds the body sleeps (0: returns at once).
 BODIES = {"noop": 0.0, "10ms": 0.01}
 #: Seconds between two copies of a pool process's figures to Redis.
