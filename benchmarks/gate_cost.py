@@ -12,8 +12,11 @@ it (the median over rounds).
 ``canned`` is the library's own path alone: a store whose claim and finish answer at once
 from memory (``CannedStore``: no SQL, no socket, no fsync), so what it measures is the gate
 (key, task info, the claim's bookkeeping, the heartbeat's, the signals, the finish's checks),
-steady to a few µs between runs where a worker's figure spreads by a hundred. The real stores
-add their claim and finish, and what waiting for a server costs the waiting process.
+with no server to wait for. The real stores add their claim and finish, and what waiting for
+a server costs the waiting process: the ``store part`` column (``store_part_us``) is that
+alone, each round's real store over plain minus the canned store's of the same round. On the
+virtual machines of 2026-12-06 the canned figure moved by up to 50 µs between runs (+183 and
++231 the same hour): compare sides of one run, or alternate runs of two builds.
 
 The worker's figure (``worker_throughput.py``) adds the broker, the pool's messages and the
 main process; this one is for telling whether a change to the library's own path pays.
@@ -171,11 +174,18 @@ def measure(stores: list[str], *, rounds: int, tasks: int,
                     before = after
         finally:
             _clean_up(urls, run)
+    # A real store's part: its LeasedTask's CPU over plain minus the canned store's of the
+    # same round (the library's path alone), round by round, so that both share the round's
+    # machine: what the store's client, its commit and the wait for it cost this process.
+    part = {store: [own - canned for own, canned in zip(extra[store], extra["canned"],
+                                                        strict=True)]
+            for store in stores if store != "canned" and "canned" in stores}
     return {"rounds": rounds, "tasks": tasks, "body_ms": body_seconds * 1000, "finish": finish,
             "cpu_us": {name: statistics.median(values) for name, values in cpu.items()},
             "extra_us": {store: statistics.median(values) for store, values in extra.items()},
             "extra_spread_us": {store: max(values) - min(values)
-                                for store, values in extra.items()}}
+                                for store, values in extra.items()},
+            "store_part_us": {store: statistics.median(values) for store, values in part.items()}}
 
 
 #: Server-side delays (µs) ``--waits`` measures, and the calls per burst.
@@ -269,16 +279,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{'side':<10} {'CPU µs/task':>12} {'over plain':>11} {'spread':>8}")
-    print(f"{'plain':<10} {result['cpu_us']['plain']:>12,.0f} {'-':>11} {'-':>8}")
+    parts = result["store_part_us"]
+    print(f"{'side':<10} {'CPU µs/task':>12} {'over plain':>11} {'spread':>8} "
+          f"{'store part':>11}")
+    print(f"{'plain':<10} {result['cpu_us']['plain']:>12,.0f} {'-':>11} {'-':>8} {'-':>11}")
     for store in stores:
+        part = f"{parts[store]:>+11,.0f}" if store in parts else f"{'-':>11}"
         print(f"{store:<10} {result['cpu_us'][store]:>12,.0f} "
-              f"{result['extra_us'][store]:>+11,.0f} {result['extra_spread_us'][store]:>8,.0f}")
+              f"{result['extra_us'][store]:>+11,.0f} {result['extra_spread_us'][store]:>8,.0f} "
+              f"{part}")
     body = (f"{args.body_ms:g} ms bodies" if args.body_ms else "no-op bodies") + (
         f", finish {args.finish}")
     print(f"({args.rounds} rounds of {args.tasks} tasks per side, alternating, {body}; Celery's "
           "tracer in one process, ignore_result; over plain: the median over rounds of the "
-          "LeasedTask's CPU minus the plain bursts around it; spread: its max - min)")
+          "LeasedTask's CPU minus the plain bursts around it; spread: its max - min; store part: "
+          "that minus the canned store's of the same round, the median over rounds: what the "
+          "store's client, its commit and the wait for it cost this process)")
     if args.waits:
         print()
         print(f"{'server':<10} " + " ".join(f"{f'answers in {d} µs':>17}" for d in WAIT_DELAYS))

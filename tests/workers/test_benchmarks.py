@@ -252,8 +252,9 @@ def test_the_cpu_meter_reads_the_redis_server_finer_than_a_clock_tick() -> None:
 
 def test_gate_cost_benchmark_measures_every_store_and_the_waits_and_cleans_up() -> None:
     """``benchmarks/gate_cost.py``, tiny: a CPU figure per side (plain, the canned store, each
-    real store) and each LeasedTask's over plain; the client CPU of late answers per server;
-    no schema or key of the run left behind."""
+    real store), each LeasedTask's over plain and each real store's part of it (over the
+    canned store's); the client CPU of late answers per server; no schema or key of the run
+    left behind."""
     for name, (reachable, detail) in (("PostgreSQL", postgres_reachable()),
                                       ("Redis", redis_reachable())):
         require(name, reachable, detail)
@@ -273,6 +274,7 @@ def test_gate_cost_benchmark_measures_every_store_and_the_waits_and_cleans_up() 
     assert set(result["cpu_us"]) == stores | {"plain"}, result
     assert all(value > 0 for value in result["cpu_us"].values()), result
     assert set(result["extra_us"]) == stores, result
+    assert set(result["store_part_us"]) == stores - {"canned"}, result
     assert set(result["waits_us"]) == {"postgres", "redis"}, result
     assert all(set(by_delay) == {"0", "250", "500"} and min(by_delay.values()) > 0
                for by_delay in result["waits_us"].values()), result
