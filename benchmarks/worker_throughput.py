@@ -15,7 +15,10 @@ What the store's history costs a task: ``--variants plain,sqlite,sqlite-nohistor
 triggers are dropped after the warm-up; the run fails if that store still wrote history.
 What the finish behind the return changes: ``--variants plain,sqlite,sqlite-inline`` (and
 ``postgres-inline``, ``redis-inline``) adds a worker of the same store whose tasks finish in
-the task (``lease_finish_in_background=False``).
+the task (``lease_finish_in_background=False``). What a task costs the worker at a lease
+variant's rate without lease_celery: ``--variants plain,redis,plain-busy`` adds plain tasks
+whose body first spends 400 µs of CPU in a busy loop (``worker_variants.BUSY``): their
+``main`` column is the main process's cost per task at that lower rate.
 
 A *batch* is N tasks of one variant and body. The harness publishes all N while that
 variant's worker is paused (SIGSTOP of its process group: it cannot start early and compete
@@ -72,6 +75,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
 
 from benchmarks.worker_variants import (  # noqa: E402
+    BUSY,
     CARRIED,
     DEFAULT_VARIANTS,
     INLINE,
@@ -736,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated; plain is always run, as the baseline (also "
-                             "known: " + ", ".join([*NO_HISTORY, *INLINE, *CARRIED]) + ")")
+                             "known: " + ", ".join([*NO_HISTORY, *INLINE, *CARRIED, *BUSY])
+                             + ")")
     parser.add_argument("--body", default="noop,10ms", help="comma-separated: noop, 10ms")
     parser.add_argument("--tasks", default="noop=2000,10ms=500",
                         help="tasks per batch: N for every body, or noop=N,10ms=M")

@@ -4,6 +4,7 @@ One module holds every variant's tasks (``bench.<variant>.<body>``), so every wo
 same Celery configuration and the same bodies; only the base class differs:
 
 - ``plain``: a plain Celery task (the baseline);
+- ``plain-busy``: the same, its body first spending some CPU in a busy loop (``BUSY``);
 - ``sqlite``, ``postgres``, ``redis``: ``LeasedTask`` keyed ``bench:{batch}:{i}`` on that store;
 - ``once``: celery-once's ``QueueOnce`` (its Redis backend), keyed on both arguments;
 - ``singleton``: celery-singleton's ``Singleton`` (its Redis backend), keyed on both arguments.
@@ -35,7 +36,7 @@ import redis
 from celery import Celery, Task
 from celery import signals as celery_signals
 
-from benchmarks.worker_variants import CARRIED, INLINE, VARIANTS
+from benchmarks.worker_variants import BUSY, CARRIED, INLINE, VARIANTS
 
 __all__ = ["BODIES", "VARIANTS", "app", "stats_key", "task_name"]
 
@@ -99,8 +100,16 @@ app.conf.update(
 )
 
 
-def _body(seconds: float) -> Any:
-    if seconds:
+def _body(seconds: float, busy_us: int = 0) -> Any:
+    if busy_us:
+        def body(batch: str, i: int) -> None:
+            # CPU, not wall time: a busy loop until the process has spent busy_us.
+            until = time.process_time() + busy_us / 1e6
+            while time.process_time() < until:
+                pass
+            if seconds:
+                time.sleep(seconds)
+    elif seconds:
         def body(batch: str, i: int) -> None:
             time.sleep(seconds)
     else:
@@ -112,7 +121,7 @@ def _body(seconds: float) -> Any:
 def _base_and_options(variant: str) -> tuple[type[Task], dict[str, Any]]:
     """The task base class of a variant and its options; imports only what it needs, so the
     optional packages (celery-once, celery-singleton) are needed only to run their variant."""
-    if variant == "plain":
+    if variant == "plain" or variant in BUSY:
         return app.Task, {}
     if variant in CARRIED:
         from lease_celery import settings as lease_settings
@@ -148,7 +157,7 @@ for _variant in REGISTERED:
     _base, _options = _base_and_options(_variant)
     for _body_name, _seconds in BODIES.items():
         app.task(base=_base, name=task_name(_variant, _body_name), **_options)(
-            _body(_seconds))
+            _body(_seconds, BUSY.get(_variant, 0)))
 
 
 # -- timing, in the pool processes ---------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CARRIED", "DEFAULT_VARIANTS", "INLINE", "NO_HISTORY", "VARIANTS"]
+__all__ = ["BUSY", "CARRIED", "DEFAULT_VARIANTS", "INLINE", "NO_HISTORY", "VARIANTS"]
 
 #: The variants a run measures by default.
 DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
@@ -20,5 +20,10 @@ INLINE = {"sqlite-inline": "sqlite", "postgres-inline": "postgres", "redis-inlin
 #: (``--body 10ms plain,postgres,postgres-carried``).
 CARRIED = {"sqlite-carried": "sqlite", "postgres-carried": "postgres",
            "redis-carried": "redis"}
+#: Also known: plain Celery tasks (no lease) whose body first spends this many µs of CPU in a
+#: busy loop, about what a LeasedTask adds to a pool process per task: their rate falls toward
+#: the lease variants', so that one run measures what the worker's main process and its pool
+#: cost per task at that rate with no lease_celery in them (``plain,redis,plain-busy``).
+BUSY = {"plain-busy": 400}
 #: Every variant, in the order a run reports them.
-VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY, *INLINE, *CARRIED)
+VARIANTS = (*DEFAULT_VARIANTS, *NO_HISTORY, *INLINE, *CARRIED, *BUSY)

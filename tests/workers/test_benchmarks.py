@@ -6,6 +6,7 @@ rotting when the stores' statements change.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -153,6 +154,32 @@ def test_worker_throughput_benchmark_runs_real_workers_and_cleans_up() -> None:
         left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
                             (f"{prefix}%",)).fetchall()
     assert not left, f"schemas left behind: {left}"
+
+
+def test_worker_throughput_busy_variant_spends_its_cpu_in_a_plain_task() -> None:
+    """``plain-busy``: a plain Celery task (no lease) whose body first spends the variant's CPU
+    in a busy loop, both bodies (what it stands for: a pool process's cost per task close to a
+    LeasedTask's, at a rate close to its)."""
+    code = ("import time\n"
+            "from celery import Task\n"
+            "from benchmarks.worker_throughput_app import app\n"
+            "from benchmarks.worker_variants import BUSY\n"
+            "for body in ('noop', '10ms'):\n"
+            "    task = app.tasks[f'bench.plain-busy.{body}']\n"
+            "    assert type(task).__mro__[1] is app.Task, type(task).__mro__\n"
+            "    assert 'LeasedTask' not in [c.__name__ for c in type(task).__mro__]\n"
+            "    spent = []\n"
+            "    for _ in range(5):\n"
+            "        started = time.process_time()\n"
+            "        task('batch', 1)\n"
+            "        spent.append(time.process_time() - started)\n"
+            "    assert min(spent) >= BUSY['plain-busy'] / 1e6, (body, spent)\n"
+            "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60,
+                         env={**os.environ, "BENCH_VARIANTS": "plain-busy",
+                              "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
 def test_scale_benchmark_runs_tiny_on_every_store_and_cleans_up() -> None:
