@@ -34,6 +34,19 @@ SPIN = "tests.support.green_app.spin"
 WORK = "tests.support.worker_app.work"
 
 
+@pytest.fixture(autouse=True)
+def _green_workers_killed_when_done(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test, its green workers still running are killed (SIGKILL) rather than warm
+    shut down: a green worker's warm shutdown takes Celery about 5 s even when idle (plain
+    Celery as well), which four tests paid in the serial tier. The test that checks the
+    shutdown (``test_shutdown_under_a_green_pool_...``) stops its own workers first."""
+    pool = (request.getfixturevalue("workers") if "workers" in request.fixturenames
+            else None)
+    yield
+    for worker in pool.workers if pool is not None else ():
+        worker.kill()
+
+
 @pytest.fixture
 def busy_core() -> Iterator[BusyCore]:
     """Two busy loops on one core for the test (stopped before its workers are)."""
