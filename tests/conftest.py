@@ -133,9 +133,9 @@ TIERS = ("unit", "stores", "workers")
 #: The files of .ci/run's parallel tier with the most test time (50-80 s each under its load,
 #: 2026-12-06), heaviest first. pytest-xdist hands whole files out (--dist loadfile) in
 #: collection order (--no-loadscope-reorder): these are collected first, so that no process
-#: starts one of them while the others are nearly done (in a simulation of that run's figures
-#: the tier's longest process 384 s against 407 s for xdist's own order, by test count). A
-#: file not named here keeps its place after them.
+#: starts one of them while the others are nearly done (the tier took 353 s against 384 s in
+#: xdist's own order, by test count: one fresh-clone run of each, same build). A file not
+#: named here keeps its place after them.
 HEAVIEST_FIRST = ("workers/test_cli.py", "workers/test_benchmarks.py",
                   "workers/test_worker_delivery.py", "workers/test_worker_policy.py",
                   "workers/test_extras.py", "workers/test_rabbitmq.py", "workers/test_demo.py",
