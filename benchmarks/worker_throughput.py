@@ -84,14 +84,15 @@ from benchmarks.worker_variants import (  # noqa: E402
 )
 
 DEFAULT_TASKS = {"noop": 2000, "10ms": 500}
-#: The lease variants, and the environment variable holding each one's store URL.
-STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
-             "redis": "BENCH_REDIS_STORE_URL",
+#: Each store, and the environment variable holding its URL.
+_STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
+              "redis": "BENCH_REDIS_STORE_URL"}
+#: The lease variants, and the environment variable holding each one's store URL (the inline
+#: and carried variants use their store's own).
+STORE_ENV = {**_STORE_ENV,
              "sqlite-nohistory": "BENCH_SQLITE_NOHISTORY_URL",
              "postgres-nohistory": "BENCH_POSTGRES_NOHISTORY_URL",
-             **{inline: f"BENCH_{store.upper()}_URL" if store != "redis"
-                else "BENCH_REDIS_STORE_URL"
-                for inline, store in {**INLINE, **CARRIED}.items()}}
+             **{variant: _STORE_ENV[store] for variant, store in {**INLINE, **CARRIED}.items()}}
 #: The store's history triggers (lease_celery/stores/sql/*.sql, schema 5).
 HISTORY_TRIGGERS = ("lease_celery_history_new_key", "lease_celery_history_transition")
 

@@ -199,7 +199,7 @@ def test_a_script_call_is_the_command_redis_py_would_send(redis_store_url: str) 
 def test_without_hiredis_the_store_packs_with_redis_py(
         redis_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """hiredis is optional: without it every script call goes through redis-py's packer, and
-    an argument neither takes is redis-py's DataError, as a StoreError naming the server."""
+    an argument neither takes is redis-py's DataError."""
     monkeypatch.setattr(redis_wire, "_hiredis_pack", None)
     with open_store(redis_store_url) as store:
         lease = store.claim("wire:plain", owner="w", ttl=30)

@@ -161,7 +161,6 @@ def test_worker_throughput_busy_variant_spends_its_cpu_in_a_plain_task() -> None
     in a busy loop, both bodies (what it stands for: a pool process's cost per task close to a
     LeasedTask's, at a rate close to its)."""
     code = ("import time\n"
-            "from celery import Task\n"
             "from benchmarks.worker_throughput_app import app\n"
             "from benchmarks.worker_variants import BUSY\n"
             "for body in ('noop', '10ms'):\n"
