@@ -40,9 +40,15 @@ ROWS: dict[str, tuple[str, str]] = {
         "`True`: `apply_async` returns the `AsyncResult` of the delivery that holds, waits to "
         "retry or finished the key, and publishes nothing (also per call: "
         "`apply_async(..., lease_unique=True)`; [Unique at enqueue](../brokers.md#unique))"),
+    "lease_retry_errors": (
+        "`False`",
+        "`True`: a body's exception is retried by the lease with a backoff, up to "
+        "`lease_max_attempts`; by default it fails the task at once, as in Celery (Celery's "
+        "own `self.retry`, `autoretry_for` and `max_retries` work either way)"),
     "lease_max_attempts": (
         "`{max_attempts:g}`",
-        "claims of one key (every attempt, takeovers included) before it goes `dead`"),
+        "with `lease_retry_errors`: claims of one key that may fail (takeovers included) "
+        "before it goes `dead`; a Celery retry or a `replace()` gives its attempt back"),
     "lease_max_takeovers": (
         "`{max_takeovers:g}`",
         "times the worker running it may be lost (SIGKILL, OOM) before it goes `dead`"),
@@ -51,8 +57,9 @@ ROWS: dict[str, tuple[str, str]] = {
         "seconds: backoff after attempt n is `min(max, base·2ⁿ⁻¹)`, with equal jitter"),
     "permanent_errors": (
         "`()`",
-        "exception classes that go `dead` at once (added to the built-in ones: non-JSON result "
-        "or payload, bad key, effect conflict or unknown outcome, `MaxRetriesExceededError`)"),
+        "with `lease_retry_errors`: exception classes that go `dead` at once (added to the "
+        "built-in ones: non-JSON result or payload, bad key, effect conflict or unknown "
+        "outcome, `MaxRetriesExceededError`)"),
     "lease_sweep_interval": (
         "half the smallest `lease_ttl`",
         "seconds between the workers' sweeps; `0` turns it off "

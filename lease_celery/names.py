@@ -19,7 +19,7 @@ __all__ = ["APP_ONLY", "FIXES", "TASK_ONLY", "TASK_OR_APP", "NameProblem", "name
 #: Settings a task attribute overrides (``lease_celery.settings``).
 TASK_OR_APP = frozenset({
     "lease_store_url", "lease_ttl", "lease_heartbeat_interval", "lease_max_attempts",
-    "lease_max_takeovers", "lease_backoff_base", "lease_backoff_max",
+    "lease_max_takeovers", "lease_backoff_base", "lease_backoff_max", "lease_retry_errors",
     "lease_retry_time_limits", "lease_finish_in_background", "lease_record_at_publish",
     "lease_extend_visibility", "lease_limit", "lease_rate_limit", "lease_limit_key"})
 #: Options only a task has: they describe one task's messages.
@@ -41,6 +41,7 @@ FIXES: dict[str, str] = {
     "lease_backoff_base": "a number of seconds > 0",
     "lease_backoff_max": "a number of seconds > 0, not below lease_backoff_base",
     "lease_retry_time_limits": "True or False",
+    "lease_retry_errors": "True or False",
     "lease_finish_in_background": "True, False or 'auto'",
     "lease_record_at_publish": "True or False",
     "lease_extend_visibility": "True or False",

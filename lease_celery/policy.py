@@ -1,9 +1,12 @@
-"""Failure policy: how many attempts, how long between them, which errors are final.
+"""The lease's own failure policy: what it adds to Celery's, and nothing else.
 
-The lease row counts attempts (every claim) and takeovers (claims that found the previous
-owner's lease expired), so the count survives redelivery, a lost message and a new worker;
-Celery's ``request.retries`` lives in the message and does not. A key whose attempts or
-takeovers run out goes ``dead``: terminal until a person requeues it.
+An exception fails the task at once, as in Celery, unless the task asks for retries: Celery's
+own (``self.retry``, ``autoretry_for``, ``max_retries``), or the lease's error retries
+(``lease_retry_errors = True``): released with a backoff and run again until
+``lease_max_attempts``, counted on the lease row, so the count survives redelivery, a lost
+message and a new worker (Celery's ``request.retries`` lives in the message and does not).
+Whatever the task asks for, a key whose worker is lost more than ``lease_max_takeovers``
+times goes ``dead``: a task that kills its worker on every try must not loop forever.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class Policy:
     backoff_base: float
     backoff_max: float
     permanent_errors: tuple[type[BaseException], ...] = DEFAULT_PERMANENT_ERRORS
+    #: Retry a body's exception with a backoff up to ``max_attempts`` (opt-in: Celery fails
+    #: the task at once).
+    retry_errors: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "max_takeovers"):
@@ -69,6 +75,8 @@ class Policy:
 
     def after_error(self, exc: BaseException, *, attempts: int) -> tuple[Outcome, str]:
         """Decide what a failed attempt leads to, and why (recorded on the row)."""
+        if not self.retry_errors:
+            return Outcome.DEAD, f"failed: {exc!r}"
         if isinstance(exc, self.permanent_errors):
             return Outcome.DEAD, f"permanent error: {exc!r}"
         if attempts >= self.max_attempts:
@@ -80,6 +88,6 @@ class Policy:
         if takeovers > self.max_takeovers:
             return (f"the worker running it was lost {takeovers} times "
                     f"(lease_max_takeovers={self.max_takeovers})")
-        if attempts > self.max_attempts:
+        if self.retry_errors and attempts > self.max_attempts:
             return f"{attempts - 1} attempts exhausted (lease_max_attempts={self.max_attempts})"
         return None

@@ -273,4 +273,9 @@ def _resolve_policy(app: Any, task: Any) -> Policy:
     extra = getattr(task, "permanent_errors", None) or ()
     if not isinstance(extra, tuple):
         extra = (extra,) if isinstance(extra, type) else tuple(extra)
-    return Policy(permanent_errors=DEFAULT_PERMANENT_ERRORS + extra, **values)
+    retry_errors, retry_source = _lookup(app, task, "lease_retry_errors")
+    if retry_errors is not None and not isinstance(retry_errors, bool):
+        raise ConfigError(f"lease_retry_errors ({retry_source}) must be True or False, "
+                          f"got {retry_errors!r}")
+    return Policy(permanent_errors=DEFAULT_PERMANENT_ERRORS + extra,
+                  retry_errors=bool(retry_errors), **values)

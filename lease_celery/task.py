@@ -78,6 +78,20 @@ class _Completion(Exception):  # control flow only: never escapes the gate
         return self.record.result
 
 
+class _AlreadyDone(Exception):  # control flow only: never escapes the gate
+    """Raised by the claim when an eager run finds its key done or dead: it is answered with
+    the accepted outcome, as a delivery under another task id is, instead of running again."""
+
+    def __init__(self, record: LeaseRecord) -> None:
+        super().__init__()
+        self.record = record
+
+    def outcome(self) -> Any:
+        if self.record.state is LeaseState.DEAD:
+            raise LeaseDead(f"lease {self.record.key!r} is dead: {self.record.reason}")
+        return self.record.result
+
+
 class LeasedTask(AttemptEnding):
     """A Celery task whose body runs under a fenced, heartbeated lease.
 
@@ -87,7 +101,7 @@ class LeasedTask(AttemptEnding):
         ``"report:{report_id}"`` (format string over the arguments), a callable, or ``None``
         (the task id).
     ``lease_ttl``, ``lease_heartbeat_interval``, ``lease_store_url``,
-    ``lease_retry_time_limits``, ``lease_finish_in_background``
+    ``lease_retry_time_limits``, ``lease_retry_errors``, ``lease_finish_in_background``
         Override the ``lease_*`` Celery settings for this task.
     ``lease_unique``
         ``True``: ``apply_async`` returns the ``AsyncResult`` of the key's live or done holder
@@ -115,6 +129,7 @@ class LeasedTask(AttemptEnding):
     lease_heartbeat_interval: ClassVar[float | None] = None
     lease_store_url: ClassVar[str | None] = None
     lease_retry_time_limits: ClassVar[bool | None] = None
+    lease_retry_errors: ClassVar[bool | None] = None
     lease_finish_in_background: ClassVar[bool | str | None] = None
     lease_unique: ClassVar[bool] = False
     lease_record_at_publish: ClassVar[bool | None] = None
@@ -224,6 +239,15 @@ class LeasedTask(AttemptEnding):
         """
         confirm_stored(getattr(self.request, "lease", None), status)
 
+    def on_replace(self, sig: Any) -> Any:
+        """Celery's ``replace()``: a replacement that runs on this key gets it first, with no
+        attempt counted (``attempts._hand_on_to_replacement``); then Celery publishes it."""
+        handle = getattr(self.request, "lease", None)
+        if isinstance(handle, LeaseHandle):
+            self.request.lease_replaced = True
+            self._hand_on_to_replacement(handle, sig)
+        return super().on_replace(sig)
+
     # -- the gate ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -262,6 +286,8 @@ class LeasedTask(AttemptEnding):
             return completion.outcome()
         except Answer as answer:
             return self._answer(answer, settings, args, kwargs, heartbeat)
+        except _AlreadyDone as done:
+            return done.outcome()
         request.lease = handle
         heartbeat.watch(handle)
         started = time.monotonic()
@@ -339,6 +365,8 @@ class LeasedTask(AttemptEnding):
                 if self.request.called_directly:
                     # The caller gets no result and no run: say why, not a bare Ignore.
                     raise _finished_already(record)
+                if self.request.is_eager:
+                    raise _AlreadyDone(record)  # the eager caller gets the accepted outcome
                 raise Ignore()
             now = store.now()
             if record.state is LeaseState.READY:
@@ -510,6 +538,9 @@ class LeasedTask(AttemptEnding):
             self._kill(handle, handle.cancelled)
             raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}")
         settle_within = self._settle_within(settings)
+        # The row keeps the result as Celery's backend stores it (a GroupResult as its tuple
+        # form): a result Celery can store, the lease store can keep.
+        stored = self._result_backend.prepare_value(result)
         request = self.request
         mode = settings.finish_mode(handle._body_duration,
                                     store_carries=handle._store.carries_finish)
@@ -518,7 +549,7 @@ class LeasedTask(AttemptEnding):
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:
-                finish_in_background(self, handle, result, heartbeat,
+                finish_in_background(self, handle, stored, heartbeat,
                                      carried=mode == "carried")
             except ResultNotSerializable as exc:
                 heartbeat.unwatch(handle)
@@ -528,7 +559,7 @@ class LeasedTask(AttemptEnding):
         # As the claim does, the finish waits out a short outage.
         wait = self._store_wait(settings, handle.key, step="the finish of")
         try:
-            accepted = finish_waiting(handle._store, handle._lease, result,
+            accepted = finish_waiting(handle._store, handle._lease, stored,
                                       settle_within=settle_within, wait=wait)
         except ResultNotSerializable as exc:
             heartbeat.unwatch(handle)

@@ -17,18 +17,19 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task
 from celery.app.task import get_actual_ignore_result
 from celery.backends.base import DisabledBackend
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry
 
 from .. import signals
-from ..errors import LeaseCancelled, LeaseDead, LeaseLost, StoreError
+from ..errors import LeaseCancelled, LeaseLost, StoreError
 from ..keys import check_key_spec
-from ..policy import Outcome
 from ..runtime.handle import LeaseHandle
 from ..runtime.heartbeat import Heartbeat
 from ..settings import LeaseSettings, resolve_settings
 from .delivery import body_signature, republish_later
 from .limited import hand_on
 from .outage import StoreWait
+from .outcome import End, Outcome, decide, retry_message
+from .replaced import replacement_message
 
 __all__ = ["AttemptEnding"]
 
@@ -116,76 +117,102 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
 
     def _after_error(self, handle: LeaseHandle, exc: BaseException,
                      settings: LeaseSettings) -> None:
-        """The body (or finish) raised: retry with backoff, give up (dead), or pass it on.
+        """The body (or finish) raised: apply what ``outcome.decide`` makes of it.
 
         Raises ``Ignore`` when the lease was lost meanwhile (a stale failure must not overwrite
-        the new owner's outcome), ``Retry`` when the policy retries; returns when ``exc`` should
-        propagate as it is.
+        the new owner's outcome), ``Retry`` for the lease's own error retries
+        (``lease_retry_errors``); returns when ``exc`` should propagate as it is.
         """
-        attempts = handle._lease.attempts
-        if handle.cancelled is not None and isinstance(exc, Exception):
-            # An operator cancelled the key: it ends dead whatever the body raised (most often
-            # LeaseCancelled from check()), and is never retried.
-            self._kill(handle, handle.cancelled)
+        request = self.request
+        outcome = decide(
+            exc, policy=settings.policy, attempts=handle.attempts, cancelled=handle.cancelled,
+            lost=handle.lost is not None, replaced=bool(getattr(request, "lease_replaced", False)),
+            retry_time_limits=settings.retry_time_limits, soft_limit=self._soft_limit(),
+            autoretry_for=tuple(getattr(self, "autoretry_for", ()) or ()),
+            celery_retries_exhausted=bool(getattr(request, "celery_retries_exhausted", False)),
+            eager=bool(request.is_eager))
+        end, reason = outcome.end, outcome.reason
+        if end is End.CANCELLED:
+            self._kill(handle, reason)
             if isinstance(exc, (Retry, Ignore, Reject)):
-                raise LeaseCancelled(f"lease {handle.key!r} was {handle.cancelled}") from exc
-            return
-        if isinstance(exc, Retry) and attempts >= settings.policy.max_attempts:
-            # Celery will retry, but the lease budget is spent: end it here, so the row counts
-            # exactly the attempts that ran and the failure reaches the result backend (the
-            # retried message then finds the key dead and is dropped).
-            original = exc.exc if isinstance(exc.exc, Exception) else None
-            self._kill(handle, f"{attempts} attempts exhausted; last retry: {original or exc!r}")
-            raise original or LeaseDead(f"lease {handle.key!r}: {attempts} attempts exhausted")
-        if isinstance(exc, (Retry, Ignore, Reject)):
-            # Celery's own control flow: give the key back at once; Celery re-delivers (or
-            # not) as it decided. The next claim counts as an attempt.
-            self._release(handle, reason=f"{type(exc).__name__}: {exc}")
-            return
-        if not isinstance(exc, Exception):
-            # SystemExit from billiard's SIGTERM handler (cold shutdown, soft-shutdown timeout,
-            # revoke with terminate) or KeyboardInterrupt: the task was terminated; give the key
-            # back so the requeued message is claimed at once, and let the exit go on.
-            self._release(handle, reason=f"worker shutdown: the task was terminated ({exc!r})",
-                          passing=True)
-            return
-        if isinstance(exc, LeaseLost) or handle.lost is not None:
+                raise LeaseCancelled(f"lease {handle.key!r} was {reason}") from exc
+        elif end is End.RETRY:
+            # Ready again when Celery's retry is due, with the retry's message on the row: a
+            # sweeper re-publishes that one, not the failed attempt, and not before it is due.
+            message = retry_message(exc) if isinstance(exc, Retry) else None
+            self._release(handle, reason=reason, delay=outcome.delay, task=message,
+                          counted=False)
+        elif end is End.REPLACED:
+            if not getattr(request, "lease_handed_on", False):
+                # The replacement runs on no lease of this key: the key's work is handed out.
+                self._end_done(handle, reason)
+        elif end is End.REQUEUED:
+            self._release(handle, reason=reason)
+        elif end is End.REJECTED:
+            self._kill(handle, reason, settles=False)
+        elif end is End.IGNORED:
+            self._end_done(handle, reason)
+        elif end is End.TERMINATED:
+            self._release(handle, reason=reason, passing=True)
+        elif end is End.LOST:
             # Never the task's failure. If the store still held the lease (lost only by this
             # process's reckoning: renewal replies came back late), the release is accepted
             # and the work runs again; if not, _release -> _not_current decides.
-            if self._release(handle, reason=repr(exc)):
-                self._defer(handle.key, 0.0, settings, self.request.args or (),
-                            self.request.kwargs or {}, eager_error=exc, recovery=True,
+            if self._release(handle, reason=reason):
+                lost = exc if isinstance(exc, Exception) else LeaseLost(reason)
+                self._defer(handle.key, 0.0, settings, request.args or (),
+                            request.kwargs or {}, eager_error=lost, recovery=True,
                             why=f"lease lost before the store expired it: {exc}")
-            return
-        if isinstance(exc, SoftTimeLimitExceeded) and not settings.retry_time_limits:
-            # One FAILURE, as Celery reports it: a time limit is not a transient error (the
-            # same work would hit it again). lease_retry_time_limits opts into retrying.
-            self._kill(handle, f"soft time limit exceeded ({self._soft_limit()}s): {exc!r}")
-            return
-        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
-        outcome, reason = settings.policy.after_error(exc, attempts=attempts)
-        if getattr(self.request, "celery_retries_exhausted", False):
-            outcome, reason = Outcome.DEAD, f"Celery's max_retries exhausted: {exc!r}"
-        if outcome is Outcome.DEAD or (autoretry and isinstance(exc, autoretry)):
-            # Celery's autoretry_for already spent its own retries on this error.
+        elif end is End.FAIL:
             self._kill(handle, reason)
-            return
+        else:
+            self._back_off(handle, exc, outcome)
+
+    def _back_off(self, handle: LeaseHandle, exc: BaseException, outcome: Outcome) -> None:
+        """``lease_retry_errors``: release with the backoff and retry through Celery."""
         request = self.request
-        # An eager retry runs at once (Celery ignores its countdown), so it gets no backoff.
-        delay = 0.0 if request.is_eager else settings.policy.backoff(handle._lease.attempts)
         if request.called_directly:
-            self._release(handle, reason=reason, delay=delay)
+            self._release(handle, reason=outcome.reason, delay=outcome.delay)
             return  # a plain call has no delivery to retry: the error propagates
         # Publish the retry first: if that fails, the key stays held until it expires and the
         # sweeper brings the task back, instead of being left ready with no message for it.
         # The lease policy, not the task's max_retries, bounds these retries.
-        retry = self.retry(exc=exc, countdown=delay, max_retries=math.inf, throw=False)
-        self._release(handle, reason=reason, delay=delay)
-        logger.warning("lease %s: %s; retrying in %.2fs", handle.key, reason, delay)
+        retry = self.retry(exc=exc, countdown=outcome.delay, max_retries=math.inf, throw=False)
+        self._release(handle, reason=outcome.reason, delay=outcome.delay,
+                      task=retry_message(retry))
+        logger.warning("lease %s: %s; retrying in %.2fs", handle.key, outcome.reason,
+                       outcome.delay)
         signals.lease_retry.send(sender=self, key=handle.key, lease=handle._lease,
-                                 reason=reason, countdown=delay)
+                                 reason=outcome.reason, countdown=outcome.delay)
         raise retry
+
+    def _hand_on_to_replacement(self, handle: LeaseHandle, replacement: Any) -> None:
+        """``replace()``: a replacement that runs on this very key (Celery gives it this task's
+        id) gets the key now, before it is published (a live holder would only defer it): the
+        row is ready with the replacement's message, and the attempt is given back."""
+        if self.request.is_eager or self.request.called_directly:
+            return
+        message = replacement_message(self, handle.key, replacement)
+        if message is None:
+            return
+        if self._release(handle, reason="replaced by a new task", task=message,
+                         counted=False):
+            self.request.lease_handed_on = True
+
+    def _end_done(self, handle: LeaseHandle, reason: str) -> None:
+        """End the key done with no result, settled at once (Celery stores nothing for it)."""
+        try:
+            accepted = handle._store.finish(handle._lease, None)
+        except StoreError:
+            logger.exception("lease %s token %s: could not end it (%s); the lease will expire "
+                             "at %s", handle.key, handle.token, reason, handle.expires_at)
+            return
+        if not accepted:
+            self._not_current(handle, f"the attempt ended after its lease lapsed ({reason})")
+        hand_on(self, handle._store, handle._lease.group)
+        logger.info("lease %s token %s is done: %s", handle.key, handle.token, reason)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle._lease,
+                                    hold_time=handle._held_for, duration=None)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
@@ -199,12 +226,14 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             raise
 
     def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0,
-                 passing: bool = False) -> bool:
-        """Give the key back (after ``delay`` of backoff). If the lease is no longer current,
-        this attempt's failure is not the key's outcome: see ``_not_current`` (skipped when
-        ``passing`` an exit through, which must go on)."""
+                 passing: bool = False, task: Any = None, counted: bool = True) -> bool:
+        """Give the key back (after ``delay``; ``task``: the message that claims it next;
+        ``counted=False``: the attempt given back, see ``Store.release``). If the lease is no
+        longer current, this attempt's failure is not the key's outcome: see ``_not_current``
+        (skipped when ``passing`` an exit through, which must go on)."""
         try:
-            released = handle._store.release(handle._lease, delay=delay, reason=reason[:2000])
+            released = handle._store.release(handle._lease, delay=delay, reason=reason[:2000],
+                                             task=task, counted=counted)
         except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
                              "expire at %s", handle.key, handle.token, handle.expires_at)
@@ -222,9 +251,11 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         limits = getattr(self.request, "timelimit", None) or (None, None)
         return limits[1] or self.soft_time_limit or self.app.conf.task_soft_time_limit
 
-    def _kill(self, handle: LeaseHandle, reason: str) -> None:
-        """Mark the key dead; the failure then settles like a finish (after_return)."""
-        settle_within = self._settle_within(self.lease_settings, failed=True)
+    def _kill(self, handle: LeaseHandle, reason: str, *, settles: bool = True) -> None:
+        """Mark the key dead; the failure then settles like a finish (after_return), unless
+        Celery stores nothing for it (``settles=False``: a rejected task)."""
+        settle_within = (self._settle_within(self.lease_settings, failed=True) if settles
+                         else None)
         try:
             killed = handle._store.kill(handle._lease, reason=reason[:2000],
                                        settle_within=settle_within)

@@ -91,6 +91,17 @@ class LeaseHandle:
         return self._lease.fence
 
     @property
+    def attempts(self) -> int:
+        """How many claims of the key counted as attempts, this one included (a Celery retry
+        or a ``replace()`` gives its attempt back: it is the task's own control flow)."""
+        return self._lease.attempts
+
+    @property
+    def takeovers(self) -> int:
+        """How many claims of the key found the previous owner's lease expired."""
+        return self._lease.takeovers
+
+    @property
     def lost(self) -> str | None:
         """Why the lease is lost once this execution may no longer hold it (a renewal or a
         write refused, or no renewal succeeded before the deadline); None while it holds.

@@ -242,14 +242,21 @@ class Store(abc.ABC):
         return None if row is None else dataclasses.replace(lease_of(key, owner, row),
                                                             cancel=None)
 
-    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> bool:
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None,
+                task: Mapping[str, Any] | None = None, counted: bool = True) -> bool:
         """Give the key back early (state ``ready``) if ``lease`` is still current.
 
         The token is kept, so the next claim gets token + 1. A released lease can neither renew
-        nor finish. ``delay`` > 0 sets ``not_before`` = now + delay (backoff); ``reason`` is
-        recorded. Returns ``False`` when the lease was not current.
+        nor finish. ``delay`` > 0 sets ``not_before`` = now + delay (backoff, or when a retry
+        is due); ``reason`` is recorded. ``task``, when given, replaces the row's task info
+        in the same write: the message that will claim the key next (a retry's, a
+        replacement's), which the sweeper re-publishes if it is lost. ``counted=False`` gives
+        the attempt back (``attempts`` - 1): the claim ended in the task's own control flow
+        (a Celery retry, a ``replace()``), not in a failure of the lease's. Returns ``False``
+        when the lease was not current.
         """
-        return self._release(check_lease(lease), check_delay(delay), reason)
+        return self._release(check_lease(lease), check_delay(delay), reason,
+                             encode_task(task), bool(counted))
 
     def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
         """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current.
@@ -644,8 +651,10 @@ class Store(abc.ABC):
         unless that is None. False when the lease was not current."""
 
     @abc.abstractmethod
-    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
-        """Fenced: ready again, not before now + ``delay`` when ``delay`` > 0."""
+    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
+                 counted: bool) -> bool:
+        """Fenced: ready again, not before now + ``delay`` when ``delay`` > 0; the task info
+        becomes ``task`` unless that is None; ``attempts`` - 1 unless ``counted``."""
 
     @abc.abstractmethod
     def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:

@@ -334,9 +334,10 @@ class PostgresStore(Store):
         return self._fenced_write("finish", lease, LeaseState.DONE, result=result,
                                   settle_within=settle_within)
 
-    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
+    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
+                 counted: bool) -> bool:
         return self._fenced_write("release", lease, LeaseState.READY, delay=delay,
-                                  reason=reason)
+                                  reason=reason, task=task, given_back=0 if counted else 1)
 
     def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
         return self._fenced_write("kill", lease, LeaseState.DEAD, reason=reason,

@@ -386,9 +386,11 @@ class SQLiteStore(Store):
             "settle_deadline": None if settle_within is None else now + settle_within}
             ).rowcount == 1
 
-    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
+    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
+                 counted: bool) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["release"], {
-            **fence_params(lease), "now": now, "reason": reason,
+            **fence_params(lease), "now": now, "reason": reason, "task": task,
+            "given_back": 0 if counted else 1,
             "not_before": now + delay if delay else None}).rowcount == 1)
 
     def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:

@@ -392,3 +392,32 @@ def test_record_published_refuses_task_info_it_cannot_record(store: Store, bad: 
     with pytest.raises(ValueError, match=r"'pub:bad'.*cannot be recorded"):
         store.record_published("pub:bad", task=bad)
     assert store.get("pub:bad") is None
+
+
+def test_release_hands_the_key_to_the_next_message_and_may_give_the_attempt_back(
+        store: Store, clock: RewindableClock) -> None:
+    """A release for a Celery retry (or a ``replace()``) carries the message that claims the
+    key next: the row's task info becomes the retry's, in the same write, and the sweeper
+    re-publishes that one, not the first, and only a grace period after the retry is due.
+    ``counted=False`` takes the claim's attempt back; a plain release keeps the row's task
+    info and counts it. A release refused (the lease not current) changes nothing."""
+    retry = {**TASK, "options": {**TASK["options"], "retries": 1}}
+    lease = claim(store, "k", task=TASK)
+    assert lease.attempts == 1
+    assert store.release(lease, delay=30, reason="Retry in 30s", task=retry, counted=False)
+    record = store.get("k")
+    assert record is not None and record.state is LeaseState.READY
+    assert (record.attempts, record.not_before) == (0, 130.0)
+    assert record.task == retry
+    clock.now = 130.5  # due, but not a grace period past it: the retry message may still come
+    assert store.sweep_expired(grace=1.0) == []
+    clock.now = 131.5
+    assert [swept.task for swept in store.sweep_expired(grace=1.0)] == [retry]
+
+    again = claim(store, "k", task=retry)
+    assert again.attempts == 1
+    stale = store.release(lease, reason="late", task=TASK, counted=False)
+    assert stale is False
+    assert store.release(again, reason="requeued")
+    record = store.get("k")
+    assert record is not None and (record.attempts, record.task) == (1, retry)

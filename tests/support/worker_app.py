@@ -330,6 +330,7 @@ def _int_env(name: str) -> int | None:
 
 
 app.conf.update({name: value for name, value in {
+    "lease_retry_errors": os.environ.get("LEASE_TEST_RETRY_ERRORS") == "1" or None,
     "lease_max_attempts": _int_env("LEASE_TEST_MAX_ATTEMPTS"),
     "lease_max_takeovers": _int_env("LEASE_TEST_MAX_TAKEOVERS"),
     "lease_backoff_base": _float_env("LEASE_TEST_BACKOFF_BASE"),
@@ -556,3 +557,8 @@ def rated(self: LeasedTask, job_id: str, group: str = "rated") -> dict[str, Any]
 
 for _name in ("limit_wait", "limit_handed_on"):
     _journal_signal(_name)
+
+
+# The tasks of tests/workers/test_celery_semantics.py live in a module of their own, registered
+# on this app when the worker imports it.
+from tests.support import semantics_tasks  # noqa: E402, F401

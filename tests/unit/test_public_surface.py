@@ -14,6 +14,8 @@ from lease_celery import LeaseHandle, errors, open_store
 HANDLE_MEMBERS = {
     "key", "token", "owner", "expires_at", "check", "checkpoint", "checkpoint_data", "lost",
     "cancelled",
+    # The row's counts for this claim: what the failure policy and the history go by.
+    "attempts", "takeovers",
     # Documented in README ("Fencing a resource", "Writes in the lease store's database") and
     # behind ``LeasedTask.effect``: the user's too.
     "fence", "fenced", "effect",

@@ -264,9 +264,13 @@ def test_a_direct_call_of_a_finished_key_says_what_happened(sqlite_url: str) -> 
     assert runs == [1]
 
 
-def test_done_key_is_ignored_and_held_key_raises_when_eager(sqlite_url: str) -> None:
-    """A finished key ignores later runs (state IGNORED, no result); a live holder makes an
-    eager call fail with LeaseHeld, since there is no broker to re-publish to."""
+def test_done_key_is_answered_and_held_key_raises_when_eager(sqlite_url: str) -> None:
+    """An eager run of a finished key does not run the body again: it is answered with the
+    accepted result (a dead key with its failure), as a delivery under another task id is,
+    and the same task id run again eagerly too (Celery's ``test_chain_in_chain_with_args``
+    applies a chain it had sent, with the ids it froze: it used to get None, IGNORED). A live
+    holder makes an eager call fail with LeaseHeld, since there is no broker to re-publish
+    to."""
     app = make_app(sqlite_url)
     runs = []
 
@@ -275,8 +279,16 @@ def test_done_key_is_ignored_and_held_key_raises_when_eager(sqlite_url: str) -> 
         runs.append(n)
         return n
 
-    assert job.apply(args=(1,)).get() == 1
-    assert job.apply(args=(1,)).state == "IGNORED"
+    assert job.apply(args=(1,), task_id="first").get() == 1
+    again = job.apply(args=(1,))
+    assert (again.state, again.get()) == ("SUCCESS", 1)
+    assert job.apply(args=(1,), task_id="first").get() == 1
+    assert runs == [1]
+    with open_store(sqlite_url) as dead_store:
+        lease = dead_store.claim("once:3", owner="w", ttl=30)
+        assert lease is not None and dead_store.kill(lease, reason="gave up")
+    with pytest.raises(LeaseDead, match="gave up"):
+        job.apply(args=(3,)).get()
     assert runs == [1]
     store = open_store(sqlite_url)
     assert store.claim("once:2", owner="someone-else", ttl=60) is not None
@@ -286,9 +298,10 @@ def test_done_key_is_ignored_and_held_key_raises_when_eager(sqlite_url: str) -> 
 
 
 def test_body_exception_is_retried_under_the_next_token(sqlite_url: str) -> None:
-    """An exception from the body releases the key and the policy retries it (eagerly here):
-    the second attempt claims token 2 and succeeds; the row counts both attempts."""
-    app = make_app(sqlite_url)
+    """With ``lease_retry_errors`` (opt-in: by default an exception fails the task at once, as
+    in Celery), an exception from the body releases the key and the policy retries it (eagerly
+    here): the second attempt claims token 2 and succeeds; the row counts both attempts."""
+    app = make_app(sqlite_url, lease_retry_errors=True)
     attempts = []
 
     @app.task(base=LeasedTask, bind=True, shared=False, lease_key="fail:{n}")
@@ -306,9 +319,10 @@ def test_body_exception_is_retried_under_the_next_token(sqlite_url: str) -> None
 
 
 def test_exhausted_attempts_and_permanent_errors_go_dead(sqlite_url: str) -> None:
-    """A transient error is tried lease_max_attempts times, then the key is dead with the
-    reason; a permanent error goes dead on the first attempt. Later deliveries are ignored."""
-    app = make_app(sqlite_url, lease_max_attempts=3)
+    """With ``lease_retry_errors`` (the opt-in error retries), a transient error is tried
+    lease_max_attempts times, then the key is dead with the reason; a permanent error goes
+    dead on the first attempt. Later deliveries are ignored."""
+    app = make_app(sqlite_url, lease_max_attempts=3, lease_retry_errors=True)
     calls: list[str] = []
 
     @app.task(base=LeasedTask, bind=True, shared=False, lease_key="always:{n}",
@@ -330,7 +344,9 @@ def test_exhausted_attempts_and_permanent_errors_go_dead(sqlite_url: str) -> Non
     assert record is not None and (record.state, record.attempts) == (LeaseState.DEAD, 1)
     assert (record.reason or "").startswith("permanent error: KeyError")
     assert calls == ["permanent"]
-    assert job.apply(args=(2, "permanent")).state == "IGNORED"  # dead is terminal
+    # Dead is terminal: an eager run again is answered with the failure, and runs nothing.
+    again = job.apply(args=(2, "permanent"))
+    assert again.state == "FAILURE" and isinstance(again.result, LeaseDead)
     assert calls == ["permanent"]
 
 
@@ -390,3 +406,24 @@ def test_an_exit_is_never_turned_into_ignore(sqlite_url: str) -> None:
 
     with pytest.raises(SystemExit):
         job(1)
+
+
+def test_a_result_celery_stores_as_a_tuple_is_kept_by_the_lease_store(sqlite_url: str) -> None:
+    """A task that returns a ``GroupResult`` (Celery's ``test_groupresult_serialization``):
+    Celery's backend stores it as its tuple form, and so does the lease row, instead of
+    failing the task with ResultNotSerializable. A duplicate is answered with that form,
+    which ``result_from_tuple`` reads back as Celery's client does."""
+    from celery.result import AsyncResult, GroupResult, result_from_tuple
+
+    app = make_app(sqlite_url, result_backend="cache+memory://")
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="group:{n}")
+    def job(self: LeasedTask, n: int) -> GroupResult:
+        return GroupResult(f"group-{n}", [AsyncResult(f"child-{n}", app=app)], app=app)
+
+    result = job.apply(args=(1,))
+    assert result.state == "SUCCESS", result.result
+    record = open_store(sqlite_url).get("group:1")
+    assert record is not None and record.state is LeaseState.DONE
+    restored = result_from_tuple(record.result, app=app)
+    assert restored.id == "group-1" and [child.id for child in restored] == ["child-1"]

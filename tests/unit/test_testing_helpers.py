@@ -42,9 +42,10 @@ def test_manual_clock_never_goes_backwards() -> None:
 def test_scratch_leases_gives_each_block_an_empty_store_for_the_apps_tasks(
         tmp_path: Path) -> None:
     """An app's LeasedTasks, eager, inside ``scratch_leases``: the first run of a key runs
-    and finishes in the scratch store (on the manual clock), a second is ``IGNORED``, a
-    direct call raises ``LeaseDone``; the next block starts empty; the app's own store and a
-    task's own ``lease_store_url`` are untouched and restored."""
+    and finishes in the scratch store (on the manual clock), a second runs nothing and is
+    answered with the accepted result, a direct call raises ``LeaseDone``; the next block
+    starts empty; the app's own store and a task's own ``lease_store_url`` are untouched and
+    restored."""
     own = f"sqlite:///{tmp_path}/own.sqlite3"
     app = Celery("scratch", broker="memory://", set_as_current=False)
     app.conf.update(task_always_eager=True, lease_store_url=f"sqlite:///{tmp_path}/app.sqlite3")
@@ -64,7 +65,7 @@ def test_scratch_leases_gives_each_block_an_empty_store_for_the_apps_tasks(
     for _ in range(2):
         with scratch_leases(app, clock=clock) as store:
             assert report.delay(42).get() == 42
-            assert report.apply(args=(42,)).state == "IGNORED"
+            assert report.apply(args=(42,)).get() == 42  # answered: runs counts one
             with pytest.raises(LeaseDone, match="'report:42' is done with token 1"):
                 report(42)
             assert other.delay(1).get() == 1

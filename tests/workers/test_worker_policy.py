@@ -47,10 +47,12 @@ def _fresh_state(workers: WorkerPool, task_id: str) -> AsyncResult:
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
                         LEASE_TEST_MAX_ATTEMPTS="4", LEASE_TEST_BACKOFF_BASE="0.3",
-                        LEASE_TEST_BACKOFF_MAX="2")
+                        LEASE_TEST_BACKOFF_MAX="2", LEASE_TEST_RETRY_ERRORS="1")
 def test_transient_error_goes_dead_after_max_attempts_with_growing_backoff(
         workers: WorkerPool) -> None:
-    """A task that always raises a transient error runs lease_max_attempts (4) times, each
+    """With the opt-in error retries (``lease_retry_errors``; by default an error fails the
+    task at once, as in Celery: tests/workers/test_celery_semantics.py), a task that always
+    raises a transient error runs lease_max_attempts (4) times, each
     retry after a backoff of at least base·2^(n-1)/2 that grows from one attempt to the next and
     never before the row's not_before; then the key is dead ("4 attempts exhausted") and the
     result backend holds FAILURE. A permanent error (``permanent_errors=(ValueError,)``) goes
@@ -101,10 +103,13 @@ def test_transient_error_goes_dead_after_max_attempts_with_growing_backoff(
                         LEASE_TEST_MAX_ATTEMPTS="10", LEASE_TEST_BACKOFF_BASE="0.05",
                         LEASE_TEST_BACKOFF_MAX="0.1")
 def test_celery_retry_and_autoretry_agree_with_the_lease_row(workers: WorkerPool) -> None:
-    """Celery's own retries keep working under the lease and the row counts what really ran:
-    ``self.retry()`` twice then success → 3 body runs, row done with attempts 3 and token 3;
-    ``autoretry_for`` with max_retries=2 → 3 body runs, FAILURE, row dead with attempts 3, and
-    the lease policy adds no retry of its own on top (no lease_retry, no fourth run)."""
+    """Celery's own retries keep working under the lease, as Celery's control flow: each is a
+    new claim (a new token) that gives its attempt back, so the row counts the one attempt
+    Celery's retries make of the task: ``self.retry()`` twice then success → 3 body runs, row
+    done with token 3 and attempts 1; ``autoretry_for`` with max_retries=2 → 3 body runs,
+    FAILURE, row dead with token 3 and attempts 1, and the lease adds no retry of its own on
+    top (no lease_retry, no fourth run). (The row used to count every run as an attempt, so
+    ``lease_max_attempts`` cut Celery's retries off.)"""
     workers.start("a", concurrency=2)
     retried, auto = _job(), _job()
     flaky = workers.client.send_task("tests.support.worker_app.flaky", args=(retried, 2))
@@ -114,7 +119,8 @@ def test_celery_retry_and_autoretry_agree_with_the_lease_row(workers: WorkerPool
     runs = workers.journal.events("body_start", job_id=retried)
     record = get_record(workers.store_url, f"job:{retried}")
     assert record is not None
-    assert (record.state, record.token, record.attempts) == (LeaseState.DONE, 3, len(runs))
+    assert len(runs) == 3
+    assert (record.state, record.token, record.attempts) == (LeaseState.DONE, 3, 1)
 
     assert isinstance(autoretried.get(timeout=30, propagate=False), RuntimeError)
     assert autoretried.state == "FAILURE"
@@ -124,7 +130,7 @@ def test_celery_retry_and_autoretry_agree_with_the_lease_row(workers: WorkerPool
     assert not workers.journal.events("lease_retry", key=f"job:{auto}")
     record = get_record(workers.store_url, f"job:{auto}")
     assert record is not None
-    assert (record.state, record.token, record.attempts) == (LeaseState.DEAD, 3, len(runs))
+    assert (record.state, record.token, record.attempts) == (LeaseState.DEAD, 3, 1)
     assert "RuntimeError" in (record.reason or "")
 
 
@@ -134,7 +140,8 @@ def test_celery_retry_and_autoretry_agree_with_the_lease_row(workers: WorkerPool
 def test_celery_max_retries_is_not_extended_by_the_lease_policy(workers: WorkerPool) -> None:
     """A task that calls ``self.retry(exc=...)`` with max_retries=3 runs 4 times (Celery then
     raises the error itself) even though lease_max_attempts is 6: FAILURE, and the row is dead
-    with attempts 4 == body runs."""
+    with its token at 4 (one claim per run) and one attempt (Celery's retries give theirs
+    back)."""
     workers.start("a", concurrency=1)
     job = _job()
     result = workers.client.send_task("tests.support.worker_app.flaky", args=(job, 100))
@@ -144,14 +151,15 @@ def test_celery_max_retries_is_not_extended_by_the_lease_policy(workers: WorkerP
     record = get_record(workers.store_url, f"job:{job}")
     assert record is not None
     assert [r["retries"] for r in runs] == [0, 1, 2, 3]
-    assert (record.state, record.attempts) == (LeaseState.DEAD, 4)
+    assert (record.state, record.token, record.attempts) == (LeaseState.DEAD, 4, 1)
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
                         LEASE_TEST_MAX_ATTEMPTS="6", LEASE_TEST_BACKOFF_BASE="0.05",
-                        LEASE_TEST_BACKOFF_MAX="0.1")
+                        LEASE_TEST_BACKOFF_MAX="0.1", LEASE_TEST_RETRY_ERRORS="1")
 def test_lease_max_attempts_above_celerys_default_max_retries(workers: WorkerPool) -> None:
-    """lease_max_attempts=6 on a task that keeps Celery's default max_retries (3) and never
+    """With ``lease_retry_errors``, lease_max_attempts=6 on a task that keeps Celery's default
+    max_retries (3) and never
     calls self.retry() itself: the policy's retries are the lease's, so the body runs 6 times
     and the key ends dead ("6 attempts exhausted") with FAILURE in the result backend."""
     workers.start("a", concurrency=1)
@@ -168,21 +176,26 @@ def test_lease_max_attempts_above_celerys_default_max_retries(workers: WorkerPoo
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="2", LEASE_TEST_HEARTBEAT="0.5",
-                        LEASE_TEST_MAX_ATTEMPTS="3")
-def test_row_attempts_equal_body_runs_when_lease_max_attempts_caps_celery_retries(
+                        LEASE_TEST_MAX_ATTEMPTS="3", LEASE_TEST_RETRY_ERRORS="1")
+def test_lease_max_attempts_does_not_cap_celery_retries_even_with_error_retries_on(
         workers: WorkerPool) -> None:
-    """``self.retry()`` with max_retries=3 under lease_max_attempts=3: the body runs 3 times,
-    the key ends dead with FAILURE, and the row's attempts equal the body runs (3)."""
+    """``self.retry()`` with max_retries=3 under lease_max_attempts=3 and the opt-in error
+    retries: the body runs 4 times, as Celery's max_retries says (this test used to assert 3
+    runs: the lease's cap cut Celery's retries off, which Celery's own ``test_retry`` caught);
+    the error Celery raises once its retries are spent is final (no lease retry on top), and
+    the key ends dead with FAILURE and one attempt."""
     workers.start("a", concurrency=1)
     job = _job()
     result = workers.client.send_task("tests.support.worker_app.flaky", args=(job, 100))
     result.get(timeout=30, propagate=False)
     assert result.state == "FAILURE"
+    time.sleep(0.5)  # a lease retry would run now
     runs = workers.journal.events("body_start", job_id=job)
     record = get_record(workers.store_url, f"job:{job}")
     assert record is not None and record.state is LeaseState.DEAD
-    assert len(runs) == 3
-    assert record.attempts == len(runs)
+    assert [r["retries"] for r in runs] == [0, 1, 2, 3]
+    assert record.attempts == 1
+    assert not workers.journal.events("lease_retry", key=f"job:{job}")
 
 
 @pytest.mark.worker_env(LEASE_TEST_TTL="1", LEASE_TEST_HEARTBEAT="0.25",

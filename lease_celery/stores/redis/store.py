@@ -432,10 +432,12 @@ class RedisStore(Store):
 
     def _fenced_write(self, lease: Lease, state: LeaseState, *, result: str = "",
                       reason: str | None = None, delay: float = 0.0,
-                      settle_within: float | None = None) -> bool:
+                      settle_within: float | None = None, task: str | None = None,
+                      counted: bool = True) -> bool:
         return bool(self._call("fenced_write", [self._keys(lease.key)[0], self._running], [
             lease.owner, str(lease.token), state.value, result, reason or "", repr(delay),
-            "" if settle_within is None else repr(settle_within)],
+            "" if settle_within is None else repr(settle_within), task or "",
+            "" if counted else "1"],
             if_resent=lambda ok: ok or self.settled_by(lease, state)))
 
     def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
@@ -459,8 +461,10 @@ class RedisStore(Store):
                                      repr(ttl), task or "", nonce], if_resent=if_resent)
         return bool(int(accepted)), dict(zip(_CLAIMED, claimed, strict=False)) if claimed else None
 
-    def _release(self, lease: Lease, delay: float, reason: str | None) -> bool:
-        return self._fenced_write(lease, LeaseState.READY, reason=reason, delay=delay)
+    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
+                 counted: bool) -> bool:
+        return self._fenced_write(lease, LeaseState.READY, reason=reason, delay=delay,
+                                  task=task, counted=counted)
 
     def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
         return self._fenced_write(lease, LeaseState.DEAD, reason=reason,

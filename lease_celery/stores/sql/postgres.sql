@@ -610,8 +610,10 @@ FROM {schema}.lease_celery_leases
 WHERE key = %(key)s AND settling AND owner = %(owner)s AND nonce = %(nonce)s
 
 -- name: release
--- Give back early; %(delay)s > 0 sets the backoff before the next claim. The sweeper
--- re-publishes the row if nobody claimed it a grace period after it became claimable.
+-- Give back early; %(delay)s > 0 sets the backoff before the next claim (or when a retry is
+-- due). %(task)s (or NULL: kept) is the message that claims it next; %(given_back)s = 1 takes
+-- this claim's attempt back. The sweeper re-publishes the row if nobody claimed it a grace
+-- period after it became claimable.
 WITH clock AS (
     SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now
 )
@@ -619,7 +621,9 @@ UPDATE {schema}.lease_celery_leases AS l
 SET state = 'ready', expires_at = clock.now, updated_at = clock.now, reason = %(reason)s,
     not_before = CASE WHEN %(delay)s::double precision > 0
                       THEN clock.now + %(delay)s::double precision END,
-    sweep_at = CASE WHEN l.task IS NULL THEN NULL
+    task = COALESCE(%(task)s::text, l.task),
+    attempts = l.attempts - %(given_back)s::integer,
+    sweep_at = CASE WHEN COALESCE(%(task)s::text, l.task) IS NULL THEN NULL
                     ELSE clock.now + GREATEST(%(delay)s::double precision, 0) END,
     swept_by = NULL
 FROM clock

@@ -457,12 +457,16 @@ WHERE key = :key AND settling = 1 AND expires_at <= :now
 RETURNING token, expires_at, fence, attempts, takeovers
 
 -- name: release
--- Give back early; :not_before (or NULL) is the backoff before the next claim. The sweeper
--- re-publishes the row if nobody claimed it a grace period after it became claimable.
+-- Give back early; :not_before (or NULL) is the backoff before the next claim (or when a
+-- retry is due). :task (or NULL: kept) is the message that claims it next; :given_back = 1
+-- takes this claim's attempt back. The sweeper re-publishes the row if nobody claimed it a
+-- grace period after it became claimable.
 UPDATE lease_celery_leases
 SET state = 'ready', expires_at = :now, updated_at = :now, not_before = :not_before,
-    reason = :reason, swept_by = NULL,
-    sweep_at = CASE WHEN task IS NULL THEN NULL ELSE COALESCE(:not_before, :now) END
+    reason = :reason, swept_by = NULL, task = COALESCE(:task, task),
+    attempts = attempts - :given_back,
+    sweep_at = CASE WHEN COALESCE(:task, task) IS NULL THEN NULL
+                    ELSE COALESCE(:not_before, :now) END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 

@@ -181,7 +181,7 @@ end
 -- new_state, result_json, reason, delay ('' for none), settle_within ('' for settled
 -- at once: done/dead only). Returns 1, or 0 when the lease is not current.
 local function write_fenced(hash, index, t, by_owner, by_token, new_state, result,
-                            reason, delay_text, settle_within)
+                            reason, delay_text, settle_within, task, given_back)
   local state, owner, token, expires_at, fence = unpack(redis.call(
     'HMGET', hash, 'state', 'owner', 'token', 'expires_at', 'fence'))
   if not (state == 'running' and owner == by_owner and token == by_token
@@ -210,6 +210,10 @@ local function write_fenced(hash, index, t, by_owner, by_token, new_state, resul
   else gone[#gone + 1] = 'reason' end
   local expires_at, watch_at = fmt(t), nil
   if new_state == 'ready' then
+    -- A release: the message that claims the key next (a retry's, a replacement's), and the
+    -- attempt taken back when the claim ended in the task's own control flow.
+    if task ~= '' then set[#set + 1] = 'task'; set[#set + 1] = task end
+    if given_back == '1' then redis.call('HINCRBY', hash, 'attempts', -1) end
     watch_at = t
     if delay > 0 then
       watch_at = t + delay
