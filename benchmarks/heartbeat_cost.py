@@ -5,7 +5,7 @@
 
 One process holds N leases of one store, watched by the real heartbeat
 (``Heartbeat.for_process()``, the thread every worker process runs) through real
-``LeaseHandle`` objects, with a renewal interval of 1 s and ttl 3 s (the library's default
+``Execution`` objects, with a renewal interval of 1 s and ttl 3 s (the library's default
 ratio). Two start patterns:
 
 - *aligned*: the N claims are sent back to back and share one claim instant (the moment before
@@ -41,8 +41,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lease_celery import LeaseHandle, Store, open_store
+from lease_celery import Store, open_store
 from lease_celery.identity import process_owner
+from lease_celery.runtime.execution import Execution
 from lease_celery.runtime.heartbeat import Heartbeat
 
 PG_DSN = "postgresql://127.0.0.1:5432/test"
@@ -139,7 +140,7 @@ def measure(name: str, store: Store, counter: RoundTrips, leases: int, starts: s
     heartbeat, owner = Heartbeat.for_process(), process_owner()
     ttl = TTL_INTERVALS * interval
     tag = uuid.uuid4().hex[:8]
-    handles: list[LeaseHandle] = []
+    handles: list[Execution] = []
     start = time.monotonic()
     for i in range(leases):
         if starts == "staggered":
@@ -148,7 +149,7 @@ def measure(name: str, store: Store, counter: RoundTrips, leases: int, starts: s
         lease = store.claim(f"hb:{tag}:{i}", owner=owner, ttl=ttl)
         if lease is None:
             raise RuntimeError(f"{name}: fresh key hb:{tag}:{i} was not claimable")
-        handle = LeaseHandle(lease, store=store, ttl=ttl, heartbeat_interval=interval,
+        handle = Execution(lease, store=store, ttl=ttl, heartbeat_interval=interval,
                              sent_at=sent_at)
         handles.append(handle)
         if starts == "staggered":

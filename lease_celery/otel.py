@@ -276,9 +276,10 @@ def _effect_receiver(signal_name: str) -> Any:
     def receive(sender: Any = None, key: str | None = None, **fields: Any) -> None:
         # Sent by the store inside the body: the lease is the current task's.
         task = _current_task()
-        # Its LeaseHandle: key, token and fence, as a Lease has them.
-        handle = getattr(getattr(task, "request", None), "lease", None)
-        attributes = _attributes(outcome, getattr(handle, "key", None), fields, handle)
+        # Its execution's lease: key, token and fence.
+        execution = getattr(getattr(task, "request", None), "lease", None)
+        lease = getattr(execution, "lease", None)
+        attributes = _attributes(outcome, getattr(lease, "key", None), fields, lease)
         if key is not None:
             attributes["lease.effect_key"] = key
         _emit(event, task, attributes, None)

@@ -48,6 +48,7 @@ from .keys import KeySpec, check_key_spec, resolve_key
 from .limits import LimitRefused, check_limit_value, parse_rate
 from .models import Lease, LeaseRecord, LeaseState
 from .runtime.claims import InFlight
+from .runtime.execution import Execution, Phase
 from .runtime.handle import LeaseHandle
 from .runtime.heartbeat import Heartbeat
 from .settings import LeaseSettings
@@ -67,7 +68,7 @@ STORE_RETRY_DELAY = 5.0
 class _Completion(Exception):  # control flow only: never escapes the gate
     """Raised by the claim when this delivery completes a key whose owner died settling it."""
 
-    def __init__(self, handle: LeaseHandle, record: LeaseRecord) -> None:
+    def __init__(self, handle: Execution, record: LeaseRecord) -> None:
         super().__init__()
         self.handle, self.record = handle, record
 
@@ -169,7 +170,7 @@ class LeasedTask(AttemptEnding):
         if unique is not None and not isinstance(unique, bool):
             raise ConfigError(f"lease_unique of {where} must be True or False, got {unique!r}")
         own = cls.__dict__.get("after_return")
-        if own is not None and not getattr(own, "_lease_settles", False):
+        if own is not None and not getattr(own, "lease_celery_settles", False):
             cls.after_return = _settling_after_return(own)  # type: ignore[method-assign]
 
     @classmethod
@@ -213,10 +214,11 @@ class LeasedTask(AttemptEnding):
     @property
     def lease(self) -> LeaseHandle:
         """The lease this execution holds; ``LeaseError`` outside a LeasedTask body."""
-        handle: LeaseHandle | None = getattr(self.request, "lease", None)
-        if handle is None:
+        execution = getattr(self.request, "lease", None)
+        if not isinstance(execution, Execution):
             raise LeaseError("self.lease is only available inside a LeasedTask body")
-        return handle
+        view: LeaseHandle = execution.view
+        return view
 
     def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
                retry_same_key: bool = False, wait: float = 0.0) -> Any:
@@ -243,7 +245,7 @@ class LeasedTask(AttemptEnding):
         """Celery's ``replace()``: a replacement that runs on this key gets it first, with no
         attempt counted (``attempts._hand_on_to_replacement``); then Celery publishes it."""
         handle = getattr(self.request, "lease", None)
-        if isinstance(handle, LeaseHandle):
+        if isinstance(handle, Execution):
             self.request.lease_replaced = True
             self._hand_on_to_replacement(handle, sig)
         return super().on_replace(sig)
@@ -295,19 +297,19 @@ class LeasedTask(AttemptEnding):
             freeze_links(request)
             # A claim whose reply came back after its own deadline (a stalled process, a
             # green pool's busy loop) holds nothing: never start the body on it.
-            handle.check()
+            handle.view.check()
             result = self.run(*args, **kwargs)
         except BaseException as exc:
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
             raise
-        handle._body_duration = time.monotonic() - started
+        handle.body_returned(time.monotonic() - started)
         return self._finish(handle, result, settings, args, kwargs, heartbeat)
 
     # -- before the body --------------------------------------------------------------------
 
     def _claim(self, store: Store, key: str, settings: LeaseSettings,
-               args: Any, kwargs: Any, *, answering: bool = False) -> LeaseHandle:
+               args: Any, kwargs: Any, *, answering: bool = False) -> Execution:
         owner = execution_owner()
         request = self.request
         info = None if request.called_directly else task_info(self, request, args, kwargs)
@@ -443,10 +445,10 @@ class LeasedTask(AttemptEnding):
                        record.owner, self.request.id, lease.token)
         signals.settle_completed.send(sender=self, key=record.key, lease=lease,
                                       state=record.state.value)
-        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
+        handle = Execution(lease, store=store, ttl=settings.ttl,
                              heartbeat_interval=settings.heartbeat_interval,
                              sent_at=sent_at, task=self)
-        handle._settling = True
+        handle.enter(Phase.SETTLING)
         raise _Completion(handle, record)
 
     @property
@@ -456,8 +458,7 @@ class LeasedTask(AttemptEnding):
         the backend itself: the normal path costs nothing."""
         backend = self._result_backend
         handle = getattr(self.request, "lease", None)
-        if (isinstance(handle, LeaseHandle) and handle._settling
-                and time.monotonic() >= handle._local_deadline):
+        if isinstance(handle, Execution) and handle.settling_past_deadline():
             return SettlementCheck(backend, handle)
         return backend
 
@@ -479,9 +480,9 @@ class LeasedTask(AttemptEnding):
             return False
 
     def _admit(self, store: Store, lease: Lease, settings: LeaseSettings, claim: InFlight,
-               heartbeat: Heartbeat) -> LeaseHandle:
+               heartbeat: Heartbeat) -> Execution:
         """A claim succeeded: run it, unless the policy says the key has had enough."""
-        handle = LeaseHandle(lease, store=store, ttl=settings.ttl,
+        handle = Execution(lease, store=store, ttl=settings.ttl,
                              heartbeat_interval=settings.heartbeat_interval,
                              sent_at=claim.sent_at, task=self)
         # Watched before anything here may yield (a signal receiver, a log handler), and
@@ -517,7 +518,7 @@ class LeasedTask(AttemptEnding):
                     "(answer key %s, token %s)", record.key, record.state.value,
                     record.task_id, self.request.id, handle.key, handle.token)
         signals.duplicate_answered.send(sender=self, key=record.key, state=record.state.value,
-                                        record=record, lease=handle._lease)
+                                        record=record, lease=handle.lease)
         if record.state is LeaseState.DEAD:
             heartbeat.unwatch(handle)  # _kill watches it again if the failure settles
             self._kill(handle, record.reason or "dead")
@@ -527,7 +528,7 @@ class LeasedTask(AttemptEnding):
 
     # -- after the body ---------------------------------------------------------------------
 
-    def _finish(self, handle: LeaseHandle, result: Any, settings: LeaseSettings, args: Any,
+    def _finish(self, handle: Execution, result: Any, settings: LeaseSettings, args: Any,
                 kwargs: Any, heartbeat: Heartbeat) -> Any:
         # Still watched: if the finish is accepted, the heartbeat renews the settle deadline
         # until Celery has stored the result (after_return).
@@ -542,10 +543,10 @@ class LeasedTask(AttemptEnding):
         # form): a result Celery can store, the lease store can keep.
         stored = self._result_backend.prepare_value(result)
         request = self.request
-        mode = settings.finish_mode(handle._body_duration,
-                                    store_carries=handle._store.carries_finish)
+        mode = settings.finish_mode(handle.body_seconds,
+                                    store_carries=handle.store.carries_finish)
         if (settle_within is None and mode != "inline"
-                and handle._lease.group is None  # its waiters are handed on from here
+                and handle.lease.group is None  # its waiters are handed on from here
                 and not (request.is_eager or request.called_directly)):
             # Nothing Celery does next depends on the verdict: write it behind the return.
             try:
@@ -559,7 +560,7 @@ class LeasedTask(AttemptEnding):
         # As the claim does, the finish waits out a short outage.
         wait = self._store_wait(settings, handle.key, step="the finish of")
         try:
-            accepted = finish_waiting(handle._store, handle._lease, stored,
+            accepted = finish_waiting(handle.store, handle.lease, stored,
                                       settle_within=settle_within, wait=wait)
         except ResultNotSerializable as exc:
             heartbeat.unwatch(handle)
@@ -574,15 +575,15 @@ class LeasedTask(AttemptEnding):
                         why=deferral_reason(wait, exc, failed="finish failed in the lease store"),
                         eager_error=exc, recovery=True)
         if accepted and settle_within is not None:
-            handle._settling = True
+            handle.enter(Phase.SETTLING)
         else:
             heartbeat.unwatch(handle)
         if not accepted:
             self._not_current(handle, "finish refused: the lease expired or was taken over")
         logger.info("lease %s token %s finished", handle.key, handle.token)
-        hand_on(self, handle._store, handle._lease.group)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle._lease,
-                                    hold_time=handle._held_for, duration=handle._body_duration)
+        hand_on(self, handle.store, handle.lease.group)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
+                                    hold_time=handle.held_for, duration=handle.body_seconds)
         return result
 
 
@@ -606,5 +607,5 @@ def _settling_after_return(own: Callable[..., Any]) -> Callable[..., Any]:
         confirm_stored(getattr(self.request, "lease", None), status)
         return own(self, status, *args, **kwargs)
 
-    after_return._lease_settles = True  # type: ignore[attr-defined]
+    after_return.lease_celery_settles = True  # type: ignore[attr-defined]
     return after_return

@@ -23,7 +23,7 @@ import hashlib
 
 from ..checks import MAX_KEY_LENGTH
 from ..models import LeaseRecord
-from ..runtime.handle import LeaseHandle
+from ..runtime.execution import Execution
 
 __all__ = ["ANSWER_MARK", "Answer", "answer_key"]
 
@@ -45,6 +45,6 @@ class Answer(Exception):  # control flow only: never escapes the gate
     """Raised by the claim: this delivery answers ``record`` (done or dead under another task
     id) under the lease ``handle`` holds on its answer key."""
 
-    def __init__(self, handle: LeaseHandle, record: LeaseRecord) -> None:
+    def __init__(self, handle: Execution, record: LeaseRecord) -> None:
         super().__init__()
         self.handle, self.record = handle, record

@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import signals
 from ..errors import LeaseCancelled, LeaseLost, StoreError
 from ..keys import check_key_spec
-from ..runtime.handle import LeaseHandle
+from ..runtime.execution import Execution, Phase
 from ..runtime.heartbeat import Heartbeat
 from ..settings import LeaseSettings, resolve_settings
 from .delivery import body_signature, republish_later
@@ -61,7 +61,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
     @property
     def lease_settings(self) -> LeaseSettings:
         """The task's settings, as resolved when it was bound (or now, if it never was)."""
-        return type(self)._lease_settings or type(self)._resolve_lease_settings(self.app)
+        return self._lease_settings or self._resolve_lease_settings(self.app)
 
     def _settle_within(self, settings: LeaseSettings, *, failed: bool = False) -> float | None:
         """How long the owner has to confirm that Celery stored the outcome; None when Celery
@@ -115,7 +115,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
                                         reason=why)
         raise Ignore()
 
-    def _after_error(self, handle: LeaseHandle, exc: BaseException,
+    def _after_error(self, handle: Execution, exc: BaseException,
                      settings: LeaseSettings) -> None:
         """The body (or finish) raised: apply what ``outcome.decide`` makes of it.
 
@@ -125,7 +125,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         """
         request = self.request
         outcome = decide(
-            exc, policy=settings.policy, attempts=handle.attempts, cancelled=handle.cancelled,
+            exc, policy=settings.policy, attempts=handle.lease.attempts, cancelled=handle.cancelled,
             lost=handle.lost is not None, replaced=bool(getattr(request, "lease_replaced", False)),
             retry_time_limits=settings.retry_time_limits, soft_limit=self._soft_limit(),
             autoretry_for=tuple(getattr(self, "autoretry_for", ()) or ()),
@@ -168,7 +168,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         else:
             self._back_off(handle, exc, outcome)
 
-    def _back_off(self, handle: LeaseHandle, exc: BaseException, outcome: Outcome) -> None:
+    def _back_off(self, handle: Execution, exc: BaseException, outcome: Outcome) -> None:
         """``lease_retry_errors``: release with the backoff and retry through Celery."""
         request = self.request
         if request.called_directly:
@@ -182,11 +182,11 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
                       task=retry_message(retry))
         logger.warning("lease %s: %s; retrying in %.2fs", handle.key, outcome.reason,
                        outcome.delay)
-        signals.lease_retry.send(sender=self, key=handle.key, lease=handle._lease,
+        signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
                                  reason=outcome.reason, countdown=outcome.delay)
         raise retry
 
-    def _hand_on_to_replacement(self, handle: LeaseHandle, replacement: Any) -> None:
+    def _hand_on_to_replacement(self, handle: Execution, replacement: Any) -> None:
         """``replace()``: a replacement that runs on this very key (Celery gives it this task's
         id) gets the key now, before it is published (a live holder would only defer it): the
         row is ready with the replacement's message, and the attempt is given back."""
@@ -199,20 +199,20 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
                          counted=False):
             self.request.lease_handed_on = True
 
-    def _end_done(self, handle: LeaseHandle, reason: str) -> None:
+    def _end_done(self, handle: Execution, reason: str) -> None:
         """End the key done with no result, settled at once (Celery stores nothing for it)."""
         try:
-            accepted = handle._store.finish(handle._lease, None)
+            accepted = handle.store.finish(handle.lease, None)
         except StoreError:
             logger.exception("lease %s token %s: could not end it (%s); the lease will expire "
-                             "at %s", handle.key, handle.token, reason, handle.expires_at)
+                             "at %s", handle.key, handle.token, reason, handle.lease.expires_at)
             return
         if not accepted:
             self._not_current(handle, f"the attempt ended after its lease lapsed ({reason})")
-        hand_on(self, handle._store, handle._lease.group)
+        hand_on(self, handle.store, handle.lease.group)
         logger.info("lease %s token %s is done: %s", handle.key, handle.token, reason)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle._lease,
-                                    hold_time=handle._held_for, duration=None)
+        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
+                                    hold_time=handle.held_for, duration=None)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
@@ -225,23 +225,23 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
             self.request.celery_retries_exhausted = True
             raise
 
-    def _release(self, handle: LeaseHandle, *, reason: str, delay: float = 0.0,
+    def _release(self, handle: Execution, *, reason: str, delay: float = 0.0,
                  passing: bool = False, task: Any = None, counted: bool = True) -> bool:
         """Give the key back (after ``delay``; ``task``: the message that claims it next;
         ``counted=False``: the attempt given back, see ``Store.release``). If the lease is no
         longer current, this attempt's failure is not the key's outcome: see ``_not_current``
         (skipped when ``passing`` an exit through, which must go on)."""
         try:
-            released = handle._store.release(handle._lease, delay=delay, reason=reason[:2000],
+            released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000],
                                              task=task, counted=counted)
         except StoreError:
             logger.exception("lease %s token %s: release after error failed; the lease will "
-                             "expire at %s", handle.key, handle.token, handle.expires_at)
+                             "expire at %s", handle.key, handle.token, handle.lease.expires_at)
             return False
         if released:
-            hand_on(self, handle._store, handle._lease.group)
-            signals.lease_released.send(sender=self, key=handle.key, lease=handle._lease,
-                                        hold_time=handle._held_for)
+            hand_on(self, handle.store, handle.lease.group)
+            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
+                                        hold_time=handle.held_for)
             return True
         if not passing:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
@@ -251,31 +251,31 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         limits = getattr(self.request, "timelimit", None) or (None, None)
         return limits[1] or self.soft_time_limit or self.app.conf.task_soft_time_limit
 
-    def _kill(self, handle: LeaseHandle, reason: str, *, settles: bool = True) -> None:
+    def _kill(self, handle: Execution, reason: str, *, settles: bool = True) -> None:
         """Mark the key dead; the failure then settles like a finish (after_return), unless
         Celery stores nothing for it (``settles=False``: a rejected task)."""
         settle_within = (self._settle_within(self.lease_settings, failed=True) if settles
                          else None)
         try:
-            killed = handle._store.kill(handle._lease, reason=reason[:2000],
+            killed = handle.store.kill(handle.lease, reason=reason[:2000],
                                        settle_within=settle_within)
         except StoreError:
             logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
             return
         if killed and settle_within is not None:
-            handle._settling = True
+            handle.enter(Phase.SETTLING)
             self.request.lease = handle  # after_return finds it, even when the claim killed
             Heartbeat.for_process().watch(handle)
         if killed:
-            hand_on(self, handle._store, handle._lease.group)
+            hand_on(self, handle.store, handle.lease.group)
             logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
-                         handle._lease.attempts, reason)
-            signals.lease_dead.send(sender=self, key=handle.key, lease=handle._lease,
-                                    reason=reason, hold_time=handle._held_for)
+                         handle.lease.attempts, reason)
+            signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
+                                    reason=reason, hold_time=handle.held_for)
         else:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
 
-    def _not_current(self, handle: LeaseHandle, reason: str) -> NoReturn:
+    def _not_current(self, handle: Execution, reason: str) -> NoReturn:
         """This execution's outcome was refused: its lease is no longer current.
 
         If another owner has the key (or settled it), the outcome is stale: dropped with
@@ -283,20 +283,20 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         (the lease just lapsed, or an operator released it), dropping it would lose the work:
         the delivery is re-published to run again, then acked.
         """
-        if handle._taken_over() or self.request.is_eager or self.request.called_directly:
+        if handle.taken_over() or self.request.is_eager or self.request.called_directly:
             self._reject_stale(handle, reason)
-        handle._mark_lost(reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle._lease,
-                                           reason=reason, hold_time=handle._held_for)
+        handle.mark_lost(reason)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
+                                           reason=reason, hold_time=handle.held_for)
         settings = self.lease_settings
         self._defer(handle.key, 0.0, settings, self.request.args or (),
                     self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
                     eager_error=LeaseLost(reason), recovery=True)
 
-    def _reject_stale(self, handle: LeaseHandle, reason: str) -> NoReturn:
-        handle._mark_lost(reason)
+    def _reject_stale(self, handle: Execution, reason: str) -> NoReturn:
+        handle.mark_lost(reason)
         logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
                        handle.key, handle.owner, handle.token, reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle._lease,
-                                           reason=reason, hold_time=handle._held_for)
+        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
+                                           reason=reason, hold_time=handle.held_for)
         raise Ignore()

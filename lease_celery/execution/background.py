@@ -43,7 +43,7 @@ from typing import Any
 from .. import signals
 from ..checks import EncodedResult, encode_result
 from ..errors import StoreError
-from ..runtime.handle import LeaseHandle
+from ..runtime.execution import Execution
 from ..runtime.heartbeat import Heartbeat
 
 __all__ = ["CARRY_WITHIN", "CarriedFinish", "finish_in_background"]
@@ -62,14 +62,14 @@ class CarriedFinish:
     """A finish behind the return, as the next claim carries it: its lease and encoded
     result, and what to do with the store's verdict (or with a failure)."""
 
-    def __init__(self, task: Any, handle: LeaseHandle, encoded: EncodedResult, request: Any,
+    def __init__(self, task: Any, handle: Execution, encoded: EncodedResult, request: Any,
                  heartbeat: Heartbeat, write: Any) -> None:
         self.task, self.handle, self.encoded, self.request = task, handle, encoded, request
         self._heartbeat, self._write = heartbeat, write
 
     @property
     def lease(self) -> Any:
-        return self.handle._lease
+        return self.handle.lease
 
     def done(self, accepted: bool) -> None:
         """The claim wrote it; the verdict's signals, with the finished task's request (as
@@ -88,7 +88,7 @@ class CarriedFinish:
         self._heartbeat.in_background(self.handle, self._write)
 
 
-def finish_in_background(task: Any, handle: LeaseHandle, result: Any,
+def finish_in_background(task: Any, handle: Execution, result: Any,
                          heartbeat: Heartbeat, *, carried: bool = False) -> None:
     """Queue the finish of ``handle`` with ``result``; the caller returns the result to Celery.
 
@@ -114,10 +114,10 @@ def finish_in_background(task: Any, handle: LeaseHandle, result: Any,
     heartbeat.in_background(handle, write, carry=carry, within=CARRY_WITHIN)
 
 
-def _finish(task: Any, handle: LeaseHandle, encoded: EncodedResult,
+def _finish(task: Any, handle: Execution, encoded: EncodedResult,
             heartbeat: Heartbeat) -> None:
     try:
-        accepted = handle._store.finish(handle._lease, encoded)
+        accepted = handle.store.finish(handle.lease, encoded)
     except StoreError as exc:
         logger.warning("lease %s token %s: finish failed in the lease store (%s); the key "
                        "stays running until its lease expires, then the sweeper re-publishes "
@@ -128,18 +128,18 @@ def _finish(task: Any, handle: LeaseHandle, encoded: EncodedResult,
     _verdict(task, handle, accepted)
 
 
-def _verdict(task: Any, handle: LeaseHandle, accepted: bool) -> None:
+def _verdict(task: Any, handle: Execution, accepted: bool) -> None:
     """What an accepted or refused finish behind the return says (logs and signals)."""
     if accepted:
         logger.info("lease %s token %s finished", handle.key, handle.token)
-        signals.lease_finished.send(sender=task, key=handle.key, lease=handle._lease,
-                                    hold_time=handle._held_for, duration=handle._body_duration)
+        signals.lease_finished.send(sender=task, key=handle.key, lease=handle.lease,
+                                    hold_time=handle.held_for, duration=handle.body_seconds)
         return
     reason = "finish refused: the lease expired or was taken over"
-    handle._mark_lost(reason)
-    taken = handle._taken_over()
+    handle.mark_lost(reason)
+    taken = handle.taken_over()
     logger.warning("lease %s owner %s token %s: stale outcome rejected: %s%s", handle.key,
                    handle.owner, handle.token, reason,
                    "" if taken else "; nobody took the key over: the sweeper re-publishes it")
-    signals.stale_result_rejected.send(sender=task, key=handle.key, lease=handle._lease,
-                                       reason=reason, hold_time=handle._held_for)
+    signals.stale_result_rejected.send(sender=task, key=handle.key, lease=handle.lease,
+                                       reason=reason, hold_time=handle.held_for)

@@ -28,7 +28,7 @@ from typing import Any
 from celery import signals as celery_signals
 from celery import states
 
-from ..runtime.handle import LeaseHandle
+from ..runtime.execution import Execution, Phase
 from ..runtime.heartbeat import Heartbeat
 
 __all__ = ["SettlementCheck", "confirm_stored", "freeze_links"]
@@ -83,7 +83,7 @@ class SettlementCheck:
     Everything but the two writes passes through; a store that cannot answer lets the write
     through (a result written twice is better than none)."""
 
-    def __init__(self, backend: Any, handle: LeaseHandle) -> None:
+    def __init__(self, backend: Any, handle: Execution) -> None:
         self._backend, self._handle = backend, handle
 
     def __getattr__(self, name: str) -> Any:
@@ -91,7 +91,7 @@ class SettlementCheck:
 
     def _still_ours(self) -> bool:
         handle = self._handle
-        if handle._holds_row() is not False:  # ours, or the store cannot say
+        if handle.holds_row() is not False:  # ours, or the store cannot say
             return True
         logger.warning("lease %s token %s: this owner stalled past its settle deadline and "
                        "another delivery completed the key: its outcome is not stored again",
@@ -105,11 +105,10 @@ class SettlementCheck:
         return self._backend.mark_as_failure(*args, **kwargs) if self._still_ours() else None
 
 
-def confirm_stored(handle: LeaseHandle | None, state: str) -> None:
-    """Celery stored the outcome of the execution holding ``handle``: end its settle phase."""
-    if handle is None or not handle._settling or state not in _STORED:
+def confirm_stored(handle: Execution | None, state: str) -> None:
+    """Celery stored the outcome of the execution ``handle``: end its settle phase."""
+    if handle is None or handle.phase is not Phase.SETTLING or state not in _STORED:
         return
-    handle._settling = False
     Heartbeat.for_process().settle(handle)
 
 
@@ -119,8 +118,7 @@ def _stop_renewing_unconfirmed(sender: Any = None, task: Any = None, **_: Any) -
     instead of an owner that is still alive holding it unsettled for ever."""
     request = getattr(task, "request", None)
     handle = getattr(request, "lease", None)
-    if isinstance(handle, LeaseHandle) and handle._settling:
-        handle._settling = False
+    if isinstance(handle, Execution) and handle.phase is Phase.SETTLING:
         Heartbeat.for_process().unwatch(handle)
         logger.warning("lease %s token %s: Celery did not store the outcome; a redelivery "
                        "completes it after the settle deadline", handle.key, handle.token)

@@ -91,9 +91,9 @@ class InFlight:
         if handle is None:
             return
         if renewed is not None:
-            handle._renewed(renewed[0], sent_at=renewed[1])
+            handle.renewed(renewed[0], sent_at=renewed[1])
         elif not_landed is not None and not_landed[1] < handle.token:
-            handle._renewed(handle._lease, sent_at=not_landed[0])
+            handle.renewed(handle.lease, sent_at=not_landed[0])
 
     def not_landed(self, sent_at: float, token_seen: int) -> None:
         """A read sent at ``sent_at`` found the row without this claim (``token_seen``: its
@@ -111,7 +111,7 @@ class InFlight:
             self._renewed = (lease, sent_at)
             handle = self._handle
         if handle is not None:  # the reply was read while the renewal was on its way
-            handle._renewed(lease, sent_at=sent_at)
+            handle.renewed(lease, sent_at=sent_at)
 
     @property
     def answered(self) -> bool:

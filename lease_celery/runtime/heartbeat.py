@@ -34,7 +34,7 @@ from ..errors import LeaseError
 from ..stores.base import Store
 from . import green
 from .claims import InFlight, running_lease
-from .handle import LeaseHandle
+from .execution import Execution, Phase
 
 __all__ = ["Heartbeat"]
 
@@ -75,9 +75,10 @@ class Heartbeat:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._handles: set[LeaseHandle] = set()
+        # The executions it renews, each with when its next renewal is due (monotonic).
+        self._handles: dict[Execution, float] = {}
         self._claims: set[InFlight] = set()  # claims sent whose reply is not read yet
-        self._to_settle: list[LeaseHandle] = []
+        self._to_settle: list[Execution] = []
         self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
         # Under green pools (-P gevent|eventlet) the threads below are real OS threads, so that
@@ -93,11 +94,11 @@ class Heartbeat:
         # Background writes (a finish behind the task's return), by handle: queued ones until a
         # sender takes them, and the handles whose write a sender is making now. A process that
         # is going sends the queued ones itself and waits for the others (flush_background).
-        self._queued: dict[LeaseHandle, Callable[[], None]] = {}
-        self._in_flight: set[LeaseHandle] = set()
+        self._queued: dict[Execution, Callable[[], None]] = {}
+        self._in_flight: set[Execution] = set()
         # Queued writes that the next claim on their store may carry (take_carried), each
         # with the instant it goes to a sender if none has, its store and what the claim needs.
-        self._carriable: dict[LeaseHandle, tuple[float, Store, object]] = {}
+        self._carriable: dict[Execution, tuple[float, Store, object]] = {}
         # Threads in flush_background waiting for in-flight writes. Only they need to hear
         # that one ended: the scheduling thread waits on the same condition, and waking it
         # for every finish (twice per task when the next claim carries it) cost a wake-up
@@ -118,13 +119,14 @@ class Heartbeat:
         for _ in range(SENDERS):
             self._start_sender()
 
-    def watch(self, handle: LeaseHandle) -> None:
+    def watch(self, handle: Execution) -> None:
+        """Renew ``handle``'s lease from now on, first one interval after its claim."""
         with self._wake:
-            handle._closed = False
-            self._handles.add(handle)
+            due = self._handles.setdefault(handle,
+                                           handle.claimed_at + handle.heartbeat_interval)
             # The thread sleeps until its next due renewal: wake it only if this handle falls
             # due before that (a new claim usually does not: waking it costs every task).
-            if handle._next_renewal_at < self._sleeping_until:
+            if due < self._sleeping_until:
                 self._wake.notify()
 
     def claiming(self, store: Store, key: str, owner: str, *, ttl: float,
@@ -138,34 +140,33 @@ class Heartbeat:
                 self._wake.notify()
         return claim
 
-    def claimed(self, claim: InFlight, handle: LeaseHandle | None) -> None:
+    def claimed(self, claim: InFlight, handle: Execution | None) -> None:
         """The claim's reply was read: ``handle`` holds what it granted (None: nothing, or
         the task gives it up). The handle takes any renewal made of the row meanwhile."""
         with self._wake:
             self._claims.discard(claim)
         claim.answer(handle)
 
-    def unwatch(self, handle: LeaseHandle) -> None:
+    def unwatch(self, handle: Execution) -> None:
+        """Stop renewing ``handle``: nothing is left to renew (it is closed)."""
+        handle.enter(Phase.CLOSED)
         with self._wake:
-            handle._closed = True
-            self._handles.discard(handle)
+            self._handles.pop(handle, None)
 
-    def settle(self, handle: LeaseHandle) -> None:
+    def settle(self, handle: Execution) -> None:
         """Celery stored this execution's outcome: confirm it soon, and keep renewing the
         settle deadline until the store answers the confirmation. A confirmation that waits
         (a slow reply, a busy sender, an unreachable store) must not let the deadline pass
         under a living owner: a redelivery would complete the key, and Celery store the
         outcome a second time."""
+        handle.enter(Phase.CONFIRMING)
         with self._wake:
-            handle._confirming = True
-            if handle not in self._handles:
-                handle._closed = False
-                self._handles.add(handle)
+            self._handles.setdefault(handle, time.monotonic() + handle.heartbeat_interval)
             self._to_settle.append(handle)
             if len(self._to_settle) == 1:  # later ones join the batch the thread will send
                 self._wake.notify()
 
-    def in_background(self, handle: LeaseHandle, write: Callable[[], None], *,
+    def in_background(self, handle: Execution, write: Callable[[], None], *,
                       carry: object = None, within: float = 0.0) -> None:
         """Make ``write`` (the handle's last store call) on a sender thread, soon. The handle
         stays watched until ``write`` unwatches it: a write that waits behind slow store calls
@@ -181,19 +182,18 @@ class Heartbeat:
         Under green pools the write is made here, in the task's greenlet, before it returns:
         on a sender (a real OS thread) it would use the store the tasks share, which is not
         safe across OS threads there (lease_celery/green.py). Other greenlets run meanwhile."""
+        handle.enter(Phase.FINISHING)
         if self._green:
-            handle._writing = True
             try:
                 write()
             except Exception:
                 logger.exception("lease background write failed")
             return
         with self._wake:
-            handle._writing = True
             self._queued[handle] = write
             if carry is not None and within > 0:
                 due = time.monotonic() + within
-                self._carriable[handle] = (due, handle._store, carry)
+                self._carriable[handle] = (due, handle.store, carry)
                 if due < self._sleeping_until:
                     self._carry_check_at = min(self._carry_check_at, due)
                     self._wake.notify()
@@ -216,17 +216,17 @@ class Heartbeat:
                 return carry
         return None
 
-    def carried(self, handle: LeaseHandle) -> None:
+    def carried(self, handle: Execution) -> None:
         """A claim made (or gave back) the write it took with ``take_carried``."""
         self._written(handle)
 
-    def _written(self, handle: LeaseHandle) -> None:
+    def _written(self, handle: Execution) -> None:
         with self._wake:
             self._in_flight.discard(handle)
             if self._flushing:
                 self._wake.notify_all()
 
-    def _write_queued(self, handle: LeaseHandle) -> None:
+    def _write_queued(self, handle: Execution) -> None:
         with self._wake:
             write = self._queued.pop(handle, None)
             if write is None:
@@ -291,22 +291,23 @@ class Heartbeat:
         with self._wake:
             # A handle with a background write pending is finishing, not abandoned; one whose
             # confirmation is pending is done (flush_settles sends it).
-            handles = [h for h in self._handles if not (h._writing or h._confirming)]
+            handles = [h for h in self._handles
+                       if h.phase not in (Phase.FINISHING, Phase.CONFIRMING)]
         released = 0
         for handle in handles:
             self.unwatch(handle)
             try:
-                if handle._store.release(handle._lease, reason=reason):
+                if handle.store.release(handle.lease, reason=reason):
                     released += 1
-                    handle._mark_lost(reason)
-                    signals.lease_released.send(sender=handle._task, key=handle.key,
-                                                lease=handle._lease, hold_time=handle._held_for)
+                    handle.mark_lost(reason)
+                    signals.lease_released.send(sender=handle.task, key=handle.key,
+                                                lease=handle.lease, hold_time=handle.held_for)
             except LeaseError as exc:
                 logger.warning("lease %s: not released at shutdown (%s); it will expire",
                                handle.key, exc)
         return released
 
-    def _due(self) -> tuple[list[LeaseHandle], list[LeaseHandle], list[InFlight]]:
+    def _due(self) -> tuple[list[Execution], list[Execution], list[InFlight]]:
         """Wait until some handle (or unanswered claim) is due for renewal, or a confirmation
         is queued; return the handles to renew, those to settle and the claims to adopt.
         Queued writes that no claim carried in time go to the senders from here."""
@@ -317,19 +318,19 @@ class Heartbeat:
                 for handle in uncarried:
                     del self._carriable[handle]
                     self._enqueue(functools.partial(self._write_queued, handle))
-                settles: list[LeaseHandle] = []
+                settles: list[Execution] = []
                 if self._to_settle and now >= self._settle_after:
                     settles, self._to_settle = self._to_settle, []
                 claims = [c for c in self._claims if c.next_renewal_at <= now]
-                if settles or claims or any(h._next_renewal_at <= now for h in self._handles):
+                if settles or claims or any(at <= now for at in self._handles.values()):
                     # Some lease is due: renew with it every lease due within half its
                     # interval. Renewing early is safe, and leases that started at different
                     # instants fall into one batch (one round trip per interval per store)
                     # instead of one round trip each.
-                    due = [h for h in self._handles
-                           if h._next_renewal_at - h._heartbeat_interval / 2 <= now]
+                    due = [h for h, at in self._handles.items()
+                           if at - h.heartbeat_interval / 2 <= now]
                     return due, settles, claims
-                wake_at = [h._next_renewal_at for h in self._handles]
+                wake_at = list(self._handles.values())
                 wake_at += [c.next_renewal_at for c in self._claims]
                 wake_at += [due for due, _, _ in self._carriable.values()]
                 if self._carry_check_at <= now:
@@ -342,18 +343,18 @@ class Heartbeat:
                 self._wake.wait(self._sleeping_until - now if wake_at else None)
                 self._sleeping_until = -math.inf
 
-    def _send_settles(self, handles: list[LeaseHandle]) -> None:
+    def _send_settles(self, handles: list[Execution]) -> None:
         """Confirm settled outcomes, one round trip per store. A store that fails is asked
         again shortly, until it answers: the confirmation is idempotent, and it is worth
         sending even past the settle deadline (until a redelivery takes the settlement over,
         the owner's confirmation is what keeps the outcome from being stored twice)."""
-        groups: dict[Store, list[LeaseHandle]] = defaultdict(list)
+        groups: dict[Store, list[Execution]] = defaultdict(list)
         for handle in handles:
-            groups[handle._store].append(handle)
+            groups[handle.store].append(handle)
         for store, group in groups.items():
             try:
                 # This thread's own copy of the store under green pools (green.thread_store).
-                answers = green.thread_store(store).settle_many([h._lease for h in group])
+                answers = green.thread_store(store).settle_many([h.lease for h in group])
             except LeaseError as exc:
                 logger.warning("lease settle confirmation failed (%s); %d retried", exc,
                                len(group))
@@ -363,11 +364,10 @@ class Heartbeat:
                     self._wake.notify()  # the scheduler recomputes when to wake
                 continue
             for handle, settled in zip(group, answers, strict=True):
-                handle._confirming = False
                 self.unwatch(handle)
                 if settled:
-                    signals.lease_settled.send(sender=handle._task, key=handle.key,
-                                               lease=handle._lease)
+                    signals.lease_settled.send(sender=handle.task, key=handle.key,
+                                               lease=handle.lease)
                 else:
                     logger.warning("lease %s token %s: settle refused (completed by another "
                                    "delivery after the settle deadline)", handle.key,
@@ -392,16 +392,18 @@ class Heartbeat:
             self._enqueue(functools.partial(self._send_settles, settles))
         if claims:
             self._schedule_adoption(claims)
-        groups: dict[tuple[Store, float], list[LeaseHandle]] = defaultdict(list)
+        groups: dict[tuple[Store, float], list[Execution]] = defaultdict(list)
         for handle in due:
-            groups[handle._store, handle._ttl].append(handle)
+            groups[handle.store, handle.ttl].append(handle)
         for (store, ttl), handles in groups.items():
             # Scheduled at sending, not when the reply comes: the next renewal goes out on
             # time even while this one is still waiting for a slow store.
             sent_at = time.monotonic()
-            delays = [max(0.0, sent_at - handle._next_renewal_at) for handle in handles]
-            for handle in handles:
-                handle._next_renewal_at = sent_at + handle._heartbeat_interval
+            with self._wake:
+                delays = [max(0.0, sent_at - self._handles.get(handle, sent_at))
+                          for handle in handles]
+                for handle in handles:
+                    self._reschedule(handle, sent_at + handle.heartbeat_interval)
             # Under green pools, each sender renews through its own copy of the store.
             self._enqueue(functools.partial(self._renew_or_retry, green.per_thread(store),
                                                ttl, handles, sent_at, delays))
@@ -483,49 +485,59 @@ class Heartbeat:
                 with self._senders_lock:
                     self._idle += 1
 
-    def _renew_or_retry(self, store: Store, ttl: float, handles: list[LeaseHandle],
+    def _reschedule(self, handle: Execution, at: float) -> None:
+        """The next renewal of ``handle`` is due ``at`` (if it is still renewed). Call with
+        ``self._wake`` held."""
+        if handle in self._handles:
+            self._handles[handle] = at
+
+    def _retry_soon(self, handles: list[Execution]) -> None:
+        with self._wake:
+            for handle in handles:
+                self._reschedule(handle, time.monotonic() + RETRY_AFTER_ERROR)
+
+    def _renew_or_retry(self, store: Store, ttl: float, handles: list[Execution],
                         sent_at: float, delays: list[float]) -> None:
         try:
             self._renew(store, ttl, handles, sent_at, delays)
         except Exception:
-            for handle in handles:
-                handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+            self._retry_soon(handles)
             raise
 
-    def _renew(self, store: Store, ttl: float, handles: list[LeaseHandle], sent_at: float,
+    def _renew(self, store: Store, ttl: float, handles: list[Execution], sent_at: float,
                delays: list[float]) -> None:
         try:
-            renewed = store.renew_many([h._lease for h in handles], ttl=ttl)
+            renewed = store.renew_many([h.lease for h in handles], ttl=ttl)
         except LeaseError as exc:
             for handle in handles:
-                if handle._confirming:
+                if handle.phase is Phase.CONFIRMING:
                     # Done: the confirmation (retried until it lands) decides, not a deadline.
-                    handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
-                elif time.monotonic() >= handle._local_deadline:
+                    self._retry_soon([handle])
+                elif time.monotonic() >= handle.local_deadline:
                     self._lose(handle, f"store unreachable until the lease deadline ({exc})")
                 else:
                     logger.warning("lease %s token %s: renewal failed, retrying: %s",
                                    handle.key, handle.token, exc)
-                    handle._next_renewal_at = time.monotonic() + RETRY_AFTER_ERROR
+                    self._retry_soon([handle])
             return
         for handle, lease, delay in zip(handles, renewed, delays, strict=True):
-            if handle._closed or handle._writing:
+            if not handle.renewal_counts:
                 continue  # finished or released meanwhile: a refusal now means nothing
-            if lease is None and handle._confirming:
+            if lease is None and handle.phase is Phase.CONFIRMING:
                 # Settled by the confirmation whose reply is still on its way, or taken over
                 # past the deadline: nothing left to renew; the confirmation's answer says which.
                 self.unwatch(handle)
             elif lease is None:
                 self._lose(handle, "renewal refused by the store (expired or taken over)")
             else:
-                handle._renewed(lease, sent_at=sent_at)
-                signals.lease_renewed.send(sender=handle._task, key=lease.key, lease=lease,
+                handle.renewed(lease, sent_at=sent_at)
+                signals.lease_renewed.send(sender=handle.task, key=lease.key, lease=lease,
                                            delay=delay)
 
-    def _lose(self, handle: LeaseHandle, reason: str) -> None:
+    def _lose(self, handle: Execution, reason: str) -> None:
         self.unwatch(handle)
-        if handle._mark_lost(reason):
+        if handle.mark_lost(reason):
             logger.warning("lease %s owner %s token %s lost: %s",
                            handle.key, handle.owner, handle.token, reason)
-            signals.lease_lost.send(sender=handle._task, key=handle.key, lease=handle._lease,
-                                    reason=reason, hold_time=handle._held_for)
+            signals.lease_lost.send(sender=handle.task, key=handle.key, lease=handle.lease,
+                                    reason=reason, hold_time=handle.held_for)

@@ -28,7 +28,6 @@ from lease_celery import (
     EffectState,
     Lease,
     LeaseError,
-    LeaseHandle,
     LeaseHeld,
     LeaseLost,
     LeaseState,
@@ -38,6 +37,7 @@ from lease_celery import (
     fingerprint,
     open_store,
 )
+from lease_celery.runtime.execution import Execution
 from lease_celery.testing import ManualClock
 from tests.support.tokens import token_base
 
@@ -474,21 +474,22 @@ def test_a_task_that_lost_its_lease_starts_no_new_effect(
     it performs under the lease (recorded on the receipt)."""
     d, _ = stores
     lease = _claim(d, "job:42", "worker-d")
-    refused = LeaseHandle(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
-                          sent_at=time.monotonic())
-    refused._mark_lost("renewal refused")
+    refused = Execution(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
+                        sent_at=time.monotonic())
+    refused.mark_lost("renewal refused")
     with pytest.raises(LeaseLost, match="renewal refused"):
-        refused.effect(KEY, PAYLOAD, target.fn(PAYLOAD))
-    overdue = LeaseHandle(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
-                          sent_at=time.monotonic() - TTL)
+        refused.view.effect(KEY, PAYLOAD, target.fn(PAYLOAD))
+    overdue = Execution(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
+                        sent_at=time.monotonic() - TTL)
     with pytest.raises(LeaseLost, match="no renewal succeeded"):
-        overdue.effect(KEY, PAYLOAD, target.fn(PAYLOAD))
+        overdue.view.effect(KEY, PAYLOAD, target.fn(PAYLOAD))
     assert target.calls == []
     assert d.effects.get(KEY) is None
 
-    held = LeaseHandle(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
-                       sent_at=time.monotonic())
-    assert held.effect(KEY, PAYLOAD, target.fn(PAYLOAD)) == {"receipt_id": "r-1", "key": KEY}
+    held = Execution(lease, store=d, ttl=TTL, heartbeat_interval=1.0,
+                     sent_at=time.monotonic())
+    assert held.view.effect(KEY, PAYLOAD, target.fn(PAYLOAD)) == {"receipt_id": "r-1",
+                                                                 "key": KEY}
     receipt = _receipt(d)
     assert (receipt.lease_key, receipt.lease_token, receipt.lease_owner) == (
         "job:42", lease.token, "worker-d")

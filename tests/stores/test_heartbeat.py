@@ -10,17 +10,17 @@ import pytest
 
 from lease_celery import LeaseLost, open_store, signals
 from lease_celery.errors import StoreError
-from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.execution import Execution, Phase
 from lease_celery.runtime.heartbeat import Heartbeat
 from lease_celery.stores.base import Store
 from tests.support.proxy import cuttable_proxy
 
 
-def _watched(store: Store, key: str, *, ttl: float, interval: float) -> LeaseHandle:
+def _watched(store: Store, key: str, *, ttl: float, interval: float) -> Execution:
     sent_at = time.monotonic()
     lease = store.claim(key, owner="heartbeat-test", ttl=ttl)
     assert lease is not None
-    handle = LeaseHandle(lease, store=store, ttl=ttl, heartbeat_interval=interval,
+    handle = Execution(lease, store=store, ttl=ttl, heartbeat_interval=interval,
                          sent_at=sent_at)
     Heartbeat.for_process().watch(handle)
     return handle
@@ -49,13 +49,13 @@ def test_heartbeat_keeps_a_lease_alive_well_past_its_ttl(store_url: str) -> None
     deadline keeps moving) after 2.5 s; no other owner can claim it meanwhile."""
     with open_store(store_url) as store:
         handle = _watched(store, "hb:alive", ttl=0.6, interval=0.15)
-        first_deadline = handle.expires_at
+        first_deadline = handle.lease.expires_at
         try:
             time.sleep(2.5)
-            handle.check()
-            assert handle.expires_at > first_deadline + 1.5
+            handle.view.check()
+            assert handle.lease.expires_at > first_deadline + 1.5
             assert store.claim("hb:alive", owner="other", ttl=1) is None
-            assert store.finish(handle._lease, "ok")
+            assert store.finish(handle.lease, "ok")
         finally:
             Heartbeat.for_process().unwatch(handle)
 
@@ -77,7 +77,7 @@ def test_a_failure_in_the_scheduling_thread_does_not_stop_the_renewals(
     with open_store(sqlite_url) as store:
         lease = store.claim("hb:guarded", owner="heartbeat-test", ttl=0.6)
         assert lease is not None
-        handle = LeaseHandle(lease, store=store, ttl=0.6, heartbeat_interval=0.15,
+        handle = Execution(lease, store=store, ttl=0.6, heartbeat_interval=0.15,
                              sent_at=time.monotonic())
         with caplog.at_level("ERROR", logger="lease_celery.runtime.heartbeat"):
             heartbeat.watch(handle)
@@ -86,7 +86,7 @@ def test_a_failure_in_the_scheduling_thread_does_not_stop_the_renewals(
             assert failures == [], "the failure was not met"
             assert "scheduling failed" in caplog.text
             assert store.claim("hb:guarded", owner="other", ttl=1) is None  # still held
-            handle.check()
+            handle.view.check()
         finally:
             heartbeat.unwatch(handle)
 
@@ -103,7 +103,7 @@ def test_refused_renewal_marks_the_lease_lost_and_signals(
         assert lost_signals.event.wait(5)
         assert "refused" in lost_signals.reasons[0]
         with pytest.raises(LeaseLost, match="renewal refused"):
-            handle.check()
+            handle.view.check()
 
 
 def test_unreachable_postgres_reports_the_lease_lost_by_its_deadline(
@@ -117,12 +117,12 @@ def test_unreachable_postgres_reports_the_lease_lost_by_its_deadline(
         with open_store(url) as store:
             handle = _watched(store, "hb:unreachable", ttl=1.5, interval=0.3)
             time.sleep(0.5)
-            handle.check()  # renewed at least once through the proxy
+            handle.view.check()  # renewed at least once through the proxy
             proxy.cut()
             cut_at = time.monotonic()
             assert lost_signals.event.wait(10), "lease_lost was never sent"
             with pytest.raises(LeaseLost, match=r"no renewal succeeded|unreachable"):
-                handle.check()
+                handle.view.check()
             # Lost no later than a few retries after the deadline it could have held to.
             assert time.monotonic() - cut_at < 1.5 + 3
     assert "unreachable" in lost_signals.reasons[0]
@@ -152,7 +152,7 @@ def test_staggered_leases_renew_in_one_batch_per_interval(sqlite_url: str) -> No
         for n in range(count):
             lease = store.claim(f"hb:many:{n}", owner="heartbeat-test", ttl=ttl)
             assert lease is not None
-            handle = LeaseHandle(lease, store=counting,  # type: ignore[arg-type]
+            handle = Execution(lease, store=counting,  # type: ignore[arg-type]
                                  ttl=ttl, heartbeat_interval=interval,
                                  sent_at=time.monotonic())
             handles.append(handle)
@@ -166,7 +166,7 @@ def test_staggered_leases_renew_in_one_batch_per_interval(sqlite_url: str) -> No
                 f"{counting.calls - calls} round trips in 5 intervals")
             assert counting.renewed - renewed >= count * 4  # every lease, every interval
             for handle in handles:
-                handle.check()
+                handle.view.check()
         finally:
             for handle in handles:
                 Heartbeat.for_process().unwatch(handle)
@@ -194,13 +194,13 @@ def test_renewals_go_out_on_time_while_slow_replies_are_pending(sqlite_url: str)
         slow = SlowStore(store, delay=0.6 * ttl)
         lease = store.claim("hb:slow", owner="heartbeat-test", ttl=ttl)
         assert lease is not None
-        handle = LeaseHandle(lease, store=slow,  # type: ignore[arg-type]
+        handle = Execution(lease, store=slow,  # type: ignore[arg-type]
                              ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
         Heartbeat.for_process().watch(handle)
         try:
             deadline = time.monotonic() + 4 * ttl
             while time.monotonic() < deadline:
-                handle.check()
+                handle.view.check()
                 time.sleep(0.02)
             assert slow.calls >= 12
         finally:
@@ -230,9 +230,9 @@ def test_a_slow_settle_confirmation_does_not_hold_renewals_back(sqlite_url: str)
         running = store.claim("hb:running", owner="heartbeat-test", ttl=ttl)
         assert finished is not None and running is not None
         assert store.finish(finished, 1, settle_within=10)
-        done = LeaseHandle(finished, store=slow,  # type: ignore[arg-type]
+        done = Execution(finished, store=slow,  # type: ignore[arg-type]
                            ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
-        held = LeaseHandle(running, store=slow,  # type: ignore[arg-type]
+        held = Execution(running, store=slow,  # type: ignore[arg-type]
                            ttl=ttl, heartbeat_interval=interval, sent_at=time.monotonic())
         heartbeat = Heartbeat.for_process()
         heartbeat.watch(held)
@@ -240,7 +240,7 @@ def test_a_slow_settle_confirmation_does_not_hold_renewals_back(sqlite_url: str)
         try:
             deadline = time.monotonic() + 3 * ttl
             while time.monotonic() < deadline:
-                held.check()
+                held.view.check()
                 time.sleep(0.02)
             assert slow.settled == 1
             assert store.get("hb:settling").settling is False  # type: ignore[union-attr]
@@ -270,16 +270,16 @@ class UnreachableUntil(CountingStore):
         return self.store.settle_many(leases)
 
 
-def _settling(store: Store, proxy: Any, key: str, *, ttl: float) -> LeaseHandle:
+def _settling(store: Store, proxy: Any, key: str, *, ttl: float) -> Execution:
     """A watched lease whose finish was accepted with the task's settle deadline (one ttl)."""
     sent_at = time.monotonic()
     lease = store.claim(key, owner="heartbeat-test", ttl=ttl)
     assert lease is not None
-    handle = LeaseHandle(lease, store=proxy, ttl=ttl, heartbeat_interval=ttl / 4,
+    handle = Execution(lease, store=proxy, ttl=ttl, heartbeat_interval=ttl / 4,
                          sent_at=sent_at)
     Heartbeat.for_process().watch(handle)
     assert store.finish(lease, 1, settle_within=ttl)
-    handle._settling = True
+    handle.enter(Phase.SETTLING)
     return handle
 
 
@@ -360,7 +360,7 @@ def test_renewals_go_out_on_time_while_every_sender_waits_on_a_dead_connection(
         for n, wrapper in enumerate(hanging):
             lease = store.claim(f"hb:stuck:{n}", owner="heartbeat-test", ttl=ttl)
             assert lease is not None
-            stuck.append(LeaseHandle(lease, store=wrapper,  # type: ignore[arg-type]
+            stuck.append(Execution(lease, store=wrapper,  # type: ignore[arg-type]
                                      ttl=ttl, heartbeat_interval=interval,
                                      sent_at=time.monotonic()))
         for handle in stuck:
@@ -372,7 +372,7 @@ def test_renewals_go_out_on_time_while_every_sender_waits_on_a_dead_connection(
             deadline = time.monotonic() + 2.5 * ttl
             while time.monotonic() < deadline:
                 for handle in [healthy, *stuck]:
-                    handle.check()
+                    handle.view.check()
                 time.sleep(0.02)
         finally:
             heartbeat.unwatch(healthy)

@@ -18,6 +18,7 @@ from celery import Celery
 from celery.app.trace import build_tracer
 
 from lease_celery import LeasedTask, LeaseState, open_store
+from lease_celery.runtime.execution import Phase
 
 
 def _app(sqlite_url: str) -> tuple[Celery, Any]:
@@ -119,12 +120,13 @@ def test_an_owner_frozen_past_its_settle_deadline_does_not_store_over_the_comple
             there, as a SIGSTOP would (the heartbeat stops renewing), past the deadline."""
             handle = _job.request.lease
             Heartbeat.for_process().unwatch(handle)
+            handle.enter(Phase.SETTLING)  # still settling: only its renewals stopped
             time.sleep(0.45)
             if _taken:
                 with open_store(sqlite_url) as store:
                     assert store.claim_settlement(handle.key, owner="host:2:completer/1",
                                                   ttl=5) is not None
-            handle._local_deadline = time.monotonic() - 1  # its own clock saw the lapse
+            handle._deadline = time.monotonic() - 1  # its own clock saw the lapse
 
         monkeypatch.setattr(Signature, "apply_async", frozen)
         tracer = build_tracer(job.name, job, app=app, eager=False, propagate=False)

@@ -10,6 +10,7 @@ import pytest
 from lease_celery.checks import encode_checkpoint
 from lease_celery.errors import CheckpointNotSerializable, LeaseLost
 from lease_celery.models import Lease, LeaseState
+from lease_celery.runtime.execution import Execution
 from lease_celery.runtime.handle import LeaseHandle
 from lease_celery.stores.base import Store
 from lease_celery.testing import ManualClock
@@ -66,8 +67,8 @@ def _handle(store: Store, lease: Lease | None) -> LeaseHandle:
     """``self.lease`` as a body sees it: its local deadline a full ttl away (real time), so
     only the store can tell that the lease was superseded."""
     assert lease is not None
-    return LeaseHandle(lease, store=store, ttl=10, heartbeat_interval=3,
-                       sent_at=time.monotonic())
+    return Execution(lease, store=store, ttl=10, heartbeat_interval=3,
+                     sent_at=time.monotonic()).view
 
 
 def test_a_superseded_holders_checkpoint_through_its_handle_raises_lease_lost(

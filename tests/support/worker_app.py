@@ -271,7 +271,7 @@ def always_fails(self: LeasedTask, job_id: str, kind: str = "transient") -> None
     """Fail every time: ``transient`` raises RuntimeError, ``permanent`` ValueError (declared
     permanent on the task). Journals each body start with its token and lease attempt."""
     record("body_start", job_id=job_id, token=self.lease.token,
-           attempts=self.lease._lease.attempts, retries=self.request.retries,
+           attempts=self.lease.attempts, retries=self.request.retries,
            task_id=self.request.id)
     raise (ValueError if kind == "permanent" else RuntimeError)(f"{kind} failure of {job_id}")
 
@@ -281,7 +281,7 @@ def always_fails(self: LeasedTask, job_id: str, kind: str = "transient") -> None
 def autoretried(self: LeasedTask, job_id: str) -> None:
     """Always raise RuntimeError, retried by Celery's own ``autoretry_for`` (max_retries=2)."""
     record("body_start", job_id=job_id, token=self.lease.token,
-           attempts=self.lease._lease.attempts, retries=self.request.retries)
+           attempts=self.lease.attempts, retries=self.request.retries)
     raise RuntimeError(f"autoretried failure of {job_id}")
 
 
@@ -292,7 +292,7 @@ def kills_its_worker(self: LeasedTask, job_id: str) -> None:
     import signal as _signal
 
     record("body_start", job_id=job_id, token=self.lease.token,
-           takeovers=self.lease._lease.takeovers, task_id=self.request.id)
+           takeovers=self.lease.takeovers, task_id=self.request.id)
     os.killpg(os.getpgrp(), _signal.SIGKILL)
 
 
@@ -524,7 +524,7 @@ def _limited_run(task: LeasedTask, job_id: str, group: str, seconds: float) -> d
     slot, sleeping ``seconds`` unchecked (a holder stopped past its ttl finishes late, and its
     finish is refused)."""
     lease = task.lease
-    slot = lease._lease.slot
+    slot = task.request.lease.lease.slot  # the execution's lease
     record("limited_start", job_id=job_id, group=group, token=lease.token, slot=slot,
            task_id=task.request.id, at=task.lease_store.now())
     time.sleep(seconds)

@@ -10,15 +10,15 @@ from lease_celery.runtime.claims import InFlight
 
 
 class Handle:
-    """What InFlight calls on a LeaseHandle: ``token``, ``_lease`` and ``_renewed``."""
+    """What InFlight calls on an Execution: ``token``, ``lease`` and ``renewed``."""
 
     def __init__(self, token: int) -> None:
         self.token = token
-        self._lease = Lease(key="k", owner="o", token=token, expires_at=0.0)
-        self.renewed: list[tuple[Lease, float]] = []
+        self.lease = Lease(key="k", owner="o", token=token, expires_at=0.0)
+        self.renewals: list[tuple[Lease, float]] = []
 
-    def _renewed(self, lease: Lease, *, sent_at: float) -> None:
-        self.renewed.append((lease, sent_at))
+    def renewed(self, lease: Lease, *, sent_at: float) -> None:
+        self.renewals.append((lease, sent_at))
 
 
 def _claim() -> InFlight:
@@ -38,13 +38,13 @@ def test_reads_that_found_no_claim_count_only_as_a_chain_within_a_ttl() -> None:
     claim.not_landed(start + 6.0, 0)  # 3 s after the last counted read: ignored
     handle = Handle(token=1)
     claim.answer(handle)
-    assert [sent for _, sent in handle.renewed] == [start + 3.0]
+    assert [sent for _, sent in handle.renewals] == [start + 3.0]
 
     seen_own = _claim()
     seen_own.not_landed(seen_own.sent_at + 1.0, 7)
     handle = Handle(token=7)
     seen_own.answer(handle)
-    assert handle.renewed == []
+    assert handle.renewals == []
 
 
 def test_an_adopted_renewal_goes_to_the_handle_whenever_it_lands() -> None:
@@ -57,7 +57,7 @@ def test_an_adopted_renewal_goes_to_the_handle_whenever_it_lands() -> None:
     claim.answer(handle)
     later = Lease(key="k", owner="o", token=3, expires_at=11.0)
     claim.renewed(later, claim.sent_at + 1.0)
-    assert handle.renewed == [(first, claim.sent_at + 0.5), (later, claim.sent_at + 1.0)]
+    assert handle.renewals == [(first, claim.sent_at + 0.5), (later, claim.sent_at + 1.0)]
 
 
 def test_the_heartbeat_keeps_looking_while_reads_show_the_claim_has_not_landed() -> None:

@@ -146,7 +146,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "stores.redis.options", "stores.redis.wire", "effects"}),
     ("settings", {"settings"}),
     ("per-process runtime", {"runtime", "runtime.handle", "runtime.heartbeat", "runtime.green",
-                             "runtime.history", "runtime.claims"}),
+                             "runtime.history", "runtime.claims", "runtime.execution"}),
     ("the task's path", {"task", "execution", "execution.attempts", "execution.background",
                          "execution.settle", "execution.answers", "execution.unique",
                          "execution.delivery", "execution.outage", "execution.published",

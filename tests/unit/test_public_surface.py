@@ -9,6 +9,7 @@ import time
 
 import lease_celery
 from lease_celery import LeaseHandle, errors, open_store
+from lease_celery.runtime.execution import Execution
 
 #: ``self.lease`` as a task body uses it; everything else on a LeaseHandle is the heartbeat's.
 HANDLE_MEMBERS = {
@@ -63,8 +64,8 @@ def test_the_lease_handle_shows_a_body_only_what_is_its_own() -> None:
     with open_store("sqlite://") as store:  # and nothing more on an instance (its __dict__)
         lease = store.claim("surface:1", owner="me", ttl=30)
         assert lease is not None
-        handle = LeaseHandle(lease, store=store, ttl=30, heartbeat_interval=10,
-                             sent_at=time.monotonic())
+        handle = Execution(lease, store=store, ttl=30, heartbeat_interval=10,
+                           sent_at=time.monotonic()).view
         assert {name for name in dir(handle) if not name.startswith("_")} == HANDLE_MEMBERS
         assert (handle.lost, handle.cancelled) == (None, None)
     undocumented = sorted(name for name in public

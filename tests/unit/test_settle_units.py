@@ -10,7 +10,7 @@ from celery.app.task import Context
 
 from lease_celery import LeasedTask, signals
 from lease_celery.execution.settle import confirm_stored, freeze_links
-from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.execution import Execution, Phase
 from lease_celery.runtime.heartbeat import Heartbeat
 from tests.support.policy_helpers import wait_until
 
@@ -73,17 +73,17 @@ def test_a_subclass_after_return_cannot_skip_the_settle_confirmation() -> None:
 
     store = _Store()
     lease = Lease("k", "me", 1, 0.0)
-    handle = LeaseHandle(lease, store=store,  # type: ignore[arg-type]
+    handle = Execution(lease, store=store,  # type: ignore[arg-type]
                          ttl=10, heartbeat_interval=1, sent_at=0.0)
-    handle._settling = True
+    handle.enter(Phase.SETTLING)
     app = Celery("settle-units-2", set_as_current=False)
     task = app.register_task(Mine())
     task.push_request(lease=handle)
     try:
         task.after_return("RETRY", None, "id", (), {}, None)
-        assert handle._settling and calls == ["RETRY"]
+        assert handle.phase is Phase.SETTLING and calls == ["RETRY"]
         task.after_return("SUCCESS", 1, "id", (), {}, None)
-        assert not handle._settling and calls == ["RETRY", "SUCCESS"]
+        assert handle.phase is Phase.CONFIRMING and calls == ["RETRY", "SUCCESS"]
     finally:
         task.pop_request()
     Heartbeat.for_process().flush_settles()

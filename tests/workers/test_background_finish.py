@@ -24,7 +24,7 @@ from benchmarks.chaos.proxy import DelayingProxy
 from lease_celery import LeasedTask, open_store, signals
 from lease_celery.errors import ResultNotSerializable
 from lease_celery.models import LeaseState
-from lease_celery.runtime.handle import LeaseHandle
+from lease_celery.runtime.execution import Execution
 from lease_celery.runtime.heartbeat import MAX_SENDERS, Heartbeat
 from lease_celery.stores.registry import shared_store
 from tests.support.tokens import token_base
@@ -335,6 +335,7 @@ def test_an_occasional_carried_finish_costs_the_scheduling_thread_two_wake_ups(
     for n in range(6):
         _trace(app, quiet, f"t-{n}", 2000 + n)
         time.sleep(0.1)
+    print("WOKEN", woken)
     assert len(woken) <= 2 * 6 + 1, f"woken {len(woken)} times for 6 carried finishes"
     record = _wait_done(sqlite_url, "bg:2005", timeout=1.0)  # no claim came after it
     assert record is not None and record.state is LeaseState.DONE
@@ -352,7 +353,7 @@ def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() 
     for _ in range(MAX_SENDERS):
         heartbeat._enqueue(gate.wait)  # each sender (as many as may start) blocks on one
     time.sleep(0.1)
-    handle = LeaseHandle(_Lease(), store=None, ttl=30, heartbeat_interval=10,  # type: ignore
+    handle = Execution(_Lease(), store=None, ttl=30, heartbeat_interval=10,  # type: ignore
                          sent_at=time.monotonic())
     made: list[str] = []
     heartbeat.in_background(handle, lambda: made.append(threading.current_thread().name))

@@ -141,8 +141,8 @@ def test_lapse_from_another_thread_lands_on_the_run_span(app: Celery, spans: Any
 
     @app.task(base=LeasedTask, bind=True, lease_key="job:{n}", shared=False)
     def job(self: LeasedTask, n: int) -> int:
-        leases.append(self.lease._lease)
-        lose(self.lease._lease)
+        leases.append(self.request.lease.lease)
+        lose(self.request.lease.lease)
         return n
 
     job.apply((1,)).get()
