@@ -37,9 +37,10 @@ from .errors import (
 from .execution.answers import Answer, answer_key
 from .execution.attempts import AttemptEnding
 from .execution.background import CarriedFinish, finish_in_background
+from .execution.completion import Completion
 from .execution.delivery import body_signature, task_info
-from .execution.limited import describe, group_of, hand_on, note_wait, refusal_delay
-from .execution.outage import deferral_reason, finish_waiting, retrying
+from .execution.limited import describe, group_of, note_wait, refusal_delay
+from .execution.outage import deferral_reason, retrying
 from .execution.published import record_at_publish, withdraw
 from .execution.settle import SettlementCheck, confirm_stored, freeze_links
 from .execution.unique import existing_holder
@@ -65,7 +66,7 @@ CLAIM_ROUNDS = 3
 #: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
 STORE_RETRY_DELAY = 5.0
 
-class _Completion(Exception):  # control flow only: never escapes the gate
+class _SettlementTaken(Exception):  # control flow only: never escapes the gate
     """Raised by the claim when this delivery completes a key whose owner died settling it."""
 
     def __init__(self, handle: Execution, record: LeaseRecord) -> None:
@@ -281,11 +282,11 @@ class LeasedTask(AttemptEnding):
             self._defer(key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=deferral_reason(wait, exc), eager_error=exc,
                         recovery=True)
-        except _Completion as completion:
-            request.lease = completion.handle
-            heartbeat.watch(completion.handle)  # renews the completer's settle deadline
+        except _SettlementTaken as taken:
+            request.lease = taken.handle
+            heartbeat.watch(taken.handle)  # renews the completer's settle deadline
             freeze_links(request)
-            return completion.outcome()
+            return taken.outcome()
         except Answer as answer:
             return self._answer(answer, settings, args, kwargs, heartbeat)
         except _AlreadyDone as done:
@@ -420,7 +421,8 @@ class LeasedTask(AttemptEnding):
         """This very task id is done (or dead) and still settling: Celery may not have stored
         its outcome. While its owner's settle deadline lasts, the owner is alive and settles it:
         come back after the deadline. Past it, the owner is gone: take the settlement over and
-        complete the key (raises ``_Completion``); returns if another delivery took it first."""
+        complete the key (raises ``_SettlementTaken``); returns if another delivery took it
+        first."""
         remaining = (record.expires_at or 0.0) - store.now()
         if remaining > 0:
             settling = LeaseHeld(f"lease {record.key!r} is {record.state.value}; its owner "
@@ -449,7 +451,7 @@ class LeasedTask(AttemptEnding):
                              heartbeat_interval=settings.heartbeat_interval,
                              sent_at=sent_at, task=self)
         handle.enter(Phase.SETTLING)
-        raise _Completion(handle, record)
+        raise _SettlementTaken(handle, record)
 
     @property
     def backend(self) -> Any:
@@ -560,8 +562,8 @@ class LeasedTask(AttemptEnding):
         # As the claim does, the finish waits out a short outage.
         wait = self._store_wait(settings, handle.key, step="the finish of")
         try:
-            accepted = finish_waiting(handle.store, handle.lease, stored,
-                                      settle_within=settle_within, wait=wait)
+            accepted = Completion(self, handle).finish(stored, settle_within=settle_within,
+                                                       wait=wait)
         except ResultNotSerializable as exc:
             heartbeat.unwatch(handle)
             self._after_error(handle, exc, settings)
@@ -574,16 +576,8 @@ class LeasedTask(AttemptEnding):
             self._defer(handle.key, min(settings.ttl, STORE_RETRY_DELAY), settings, args, kwargs,
                         why=deferral_reason(wait, exc, failed="finish failed in the lease store"),
                         eager_error=exc, recovery=True)
-        if accepted and settle_within is not None:
-            handle.enter(Phase.SETTLING)
-        else:
-            heartbeat.unwatch(handle)
         if not accepted:
             self._not_current(handle, "finish refused: the lease expired or was taken over")
-        logger.info("lease %s token %s finished", handle.key, handle.token)
-        hand_on(self, handle.store, handle.lease.group)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
-                                    hold_time=handle.held_for, duration=handle.body_seconds)
         return result
 
 

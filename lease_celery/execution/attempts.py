@@ -22,11 +22,10 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import signals
 from ..errors import LeaseCancelled, LeaseLost, StoreError
 from ..keys import check_key_spec
-from ..runtime.execution import Execution, Phase
-from ..runtime.heartbeat import Heartbeat
+from ..runtime.execution import Execution
 from ..settings import LeaseSettings, resolve_settings
+from .completion import Completion
 from .delivery import body_signature, republish_later
-from .limited import hand_on
 from .outage import StoreWait
 from .outcome import End, Outcome, decide, retry_message
 from .replaced import replacement_message
@@ -202,17 +201,13 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
     def _end_done(self, handle: Execution, reason: str) -> None:
         """End the key done with no result, settled at once (Celery stores nothing for it)."""
         try:
-            accepted = handle.store.finish(handle.lease, None)
+            accepted = Completion(self, handle).finish(None, settle_within=None, wait=None)
         except StoreError:
             logger.exception("lease %s token %s: could not end it (%s); the lease will expire "
                              "at %s", handle.key, handle.token, reason, handle.lease.expires_at)
             return
         if not accepted:
             self._not_current(handle, f"the attempt ended after its lease lapsed ({reason})")
-        hand_on(self, handle.store, handle.lease.group)
-        logger.info("lease %s token %s is done: %s", handle.key, handle.token, reason)
-        signals.lease_finished.send(sender=self, key=handle.key, lease=handle.lease,
-                                    hold_time=handle.held_for, duration=None)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry``; noting when Celery's own ``max_retries`` ran out, so the key goes
@@ -231,21 +226,11 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         ``counted=False``: the attempt given back, see ``Store.release``). If the lease is no
         longer current, this attempt's failure is not the key's outcome: see ``_not_current``
         (skipped when ``passing`` an exit through, which must go on)."""
-        try:
-            released = handle.store.release(handle.lease, delay=delay, reason=reason[:2000],
-                                             task=task, counted=counted)
-        except StoreError:
-            logger.exception("lease %s token %s: release after error failed; the lease will "
-                             "expire at %s", handle.key, handle.token, handle.lease.expires_at)
-            return False
-        if released:
-            hand_on(self, handle.store, handle.lease.group)
-            signals.lease_released.send(sender=self, key=handle.key, lease=handle.lease,
-                                        hold_time=handle.held_for)
-            return True
-        if not passing:
+        released = Completion(self, handle).release(reason, delay=delay, message=task,
+                                                    counted=counted)
+        if released is False and not passing:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
-        return False
+        return bool(released)
 
     def _soft_limit(self) -> Any:
         limits = getattr(self.request, "timelimit", None) or (None, None)
@@ -256,23 +241,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         Celery stores nothing for it (``settles=False``: a rejected task)."""
         settle_within = (self._settle_within(self.lease_settings, failed=True) if settles
                          else None)
-        try:
-            killed = handle.store.kill(handle.lease, reason=reason[:2000],
-                                       settle_within=settle_within)
-        except StoreError:
-            logger.exception("lease %s: could not mark it dead (%s)", handle.key, reason)
-            return
-        if killed and settle_within is not None:
-            handle.enter(Phase.SETTLING)
-            self.request.lease = handle  # after_return finds it, even when the claim killed
-            Heartbeat.for_process().watch(handle)
-        if killed:
-            hand_on(self, handle.store, handle.lease.group)
-            logger.error("lease %s is dead after %s attempt(s): %s", handle.key,
-                         handle.lease.attempts, reason)
-            signals.lease_dead.send(sender=self, key=handle.key, lease=handle.lease,
-                                    reason=reason, hold_time=handle.held_for)
-        else:
+        if Completion(self, handle).kill(reason, settle_within=settle_within) is False:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
 
     def _not_current(self, handle: Execution, reason: str) -> NoReturn:
@@ -283,20 +252,9 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         (the lease just lapsed, or an operator released it), dropping it would lose the work:
         the delivery is re-published to run again, then acked.
         """
-        if handle.taken_over() or self.request.is_eager or self.request.called_directly:
-            self._reject_stale(handle, reason)
-        handle.mark_lost(reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
-                                           reason=reason, hold_time=handle.held_for)
-        settings = self.lease_settings
-        self._defer(handle.key, 0.0, settings, self.request.args or (),
+        taken = Completion(self, handle).refused(reason)
+        if taken or self.request.is_eager or self.request.called_directly:
+            raise Ignore()
+        self._defer(handle.key, 0.0, self.lease_settings, self.request.args or (),
                     self.request.kwargs or {}, why=f"nobody took the key over: {reason}",
                     eager_error=LeaseLost(reason), recovery=True)
-
-    def _reject_stale(self, handle: Execution, reason: str) -> NoReturn:
-        handle.mark_lost(reason)
-        logger.warning("lease %s owner %s token %s: stale outcome rejected: %s",
-                       handle.key, handle.owner, handle.token, reason)
-        signals.stale_result_rejected.send(sender=self, key=handle.key, lease=handle.lease,
-                                           reason=reason, hold_time=handle.held_for)
-        raise Ignore()

@@ -40,11 +40,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import signals
 from ..checks import EncodedResult, encode_result
 from ..errors import StoreError
 from ..runtime.execution import Execution
 from ..runtime.heartbeat import Heartbeat
+from .completion import Completion
 
 __all__ = ["CARRY_WITHIN", "CarriedFinish", "finish_in_background"]
 
@@ -76,7 +76,6 @@ class CarriedFinish:
         the task itself would have sent them)."""
         self.task.request_stack.push(self.request)
         try:
-            self._heartbeat.unwatch(self.handle)
             _verdict(self.task, self.handle, accepted)
         finally:
             self.task.request_stack.pop()
@@ -119,27 +118,18 @@ def _finish(task: Any, handle: Execution, encoded: EncodedResult,
     try:
         accepted = handle.store.finish(handle.lease, encoded)
     except StoreError as exc:
+        heartbeat.unwatch(handle)
         logger.warning("lease %s token %s: finish failed in the lease store (%s); the key "
                        "stays running until its lease expires, then the sweeper re-publishes "
                        "the task", handle.key, handle.token, exc)
         return
-    finally:
-        heartbeat.unwatch(handle)
     _verdict(task, handle, accepted)
 
 
 def _verdict(task: Any, handle: Execution, accepted: bool) -> None:
-    """What an accepted or refused finish behind the return says (logs and signals)."""
+    """The completion's verdict on a finish written behind the return (a refused one's
+    delivery is long acked: the sweeper re-publishes the key if nobody took it over)."""
     if accepted:
-        logger.info("lease %s token %s finished", handle.key, handle.token)
-        signals.lease_finished.send(sender=task, key=handle.key, lease=handle.lease,
-                                    hold_time=handle.held_for, duration=handle.body_seconds)
-        return
-    reason = "finish refused: the lease expired or was taken over"
-    handle.mark_lost(reason)
-    taken = handle.taken_over()
-    logger.warning("lease %s owner %s token %s: stale outcome rejected: %s%s", handle.key,
-                   handle.owner, handle.token, reason,
-                   "" if taken else "; nobody took the key over: the sweeper re-publishes it")
-    signals.stale_result_rejected.send(sender=task, key=handle.key, lease=handle.lease,
-                                       reason=reason, hold_time=handle.held_for)
+        Completion(task, handle).finished()
+    else:
+        Completion(task, handle).refused("finish refused: the lease expired or was taken over")

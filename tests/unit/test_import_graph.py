@@ -151,7 +151,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                          "execution.settle", "execution.answers", "execution.unique",
                          "execution.delivery", "execution.outage", "execution.published",
                          "execution.recovery", "execution.limited", "execution.outcome",
-                         "execution.replaced"}),
+                         "execution.completion", "execution.replaced"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
                          "beat", "wiring", "metrics"}),
