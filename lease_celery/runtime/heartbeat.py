@@ -15,6 +15,10 @@ confirmations that end settle phases: once Celery stored a task's
 outcome, the owner's confirmation is queued here and sent in batches (``settle_many``), so the
 task's own path pays no extra round trip. Until then the settling lease is renewed like a
 running one, so a slow result backend does not look like a dead owner.
+
+Its store calls are made by the sender pool (``senders``): the scheduling thread never waits
+on a store. At shutdown it hands the leases still held to the worker (``abandon``), which
+gives them back through their completion (``worker.lifecycle``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import functools
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections import defaultdict
@@ -35,6 +38,7 @@ from ..stores.base import Store
 from . import green
 from .claims import InFlight, running_lease
 from .execution import Execution, Phase
+from .senders import SenderPool
 
 __all__ = ["Heartbeat"]
 
@@ -42,17 +46,6 @@ logger = logging.getLogger(__name__)
 
 #: How soon a renewal is tried again after the store failed to answer.
 RETRY_AFTER_ERROR = 0.5
-#: Store calls (renewal batches, settle confirmations) that may wait for replies at once. A
-#: store that answers late must not hold the next renewal back: the handle's deadline counts
-#: from when a renewal was *sent*, so a reply slower than the interval would otherwise lose
-#: leases the store still holds. (On SQLite, whose calls are serialized, they simply queue.)
-SENDERS = 4
-#: When every sender waits (calls hung on connections that died without a word wait for the
-#: socket timeout, 5 s by default, longer than a short ttl), another sender is started, up to
-#: this many: the next renewal, or a settle confirmation, still goes out on time.
-MAX_SENDERS = 16
-
-
 class Heartbeat:
     _instance: Heartbeat | None = None
     # Only task code takes this one, never the heartbeat's own threads: under green pools it
@@ -88,9 +81,6 @@ class Heartbeat:
         self._green = green.active() is not None
         self._wake: threading.Condition | green.Condition = (
             green.Condition() if self._green else threading.Condition())
-        # Store calls wait here for a sender thread: the scheduling thread never blocks on a
-        # store, so a slow reply (to a renewal or a settle) cannot hold the next renewal back.
-        self._outbox: queue.SimpleQueue[Callable[[], None]] = green.simple_queue()
         # Background writes (a finish behind the task's return), by handle: queued ones until a
         # sender takes them, and the handles whose write a sender is making now. A process that
         # is going sends the queued ones itself and waits for the others (flush_background).
@@ -112,12 +102,14 @@ class Heartbeat:
         # that instant wake nobody, and the thread wakes about once per ``within`` while
         # finishes come, twice for one that comes alone.
         self._carry_check_at = math.inf
-        # Senders started, and how many of them wait for a call now (a real lock: the
-        # senders are real OS threads under green pools too).
-        self._senders, self._idle, self._senders_lock = 0, 0, green.lock()
+        # Store calls wait for a sender thread: the scheduling thread never blocks on a store.
+        self._senders = SenderPool()
         self._thread = green.start_thread(self._run, name="lease-heartbeat")
-        for _ in range(SENDERS):
-            self._start_sender()
+
+    @property
+    def senders(self) -> SenderPool:
+        """The threads that make this process's store calls off the task's path."""
+        return self._senders
 
     def watch(self, handle: Execution) -> None:
         """Renew ``handle``'s lease from now on, first one interval after its claim."""
@@ -270,9 +262,7 @@ class Heartbeat:
         sender then parks: the heartbeat sends nothing more."""
         if not self._green:
             return
-        with self._senders_lock:
-            senders = self._senders
-        left, guard, closed, park = [senders], green.lock(), green.Event(), green.Event()
+        left, guard, closed, park = [self._senders.size], green.lock(), green.Event(), green.Event()
 
         def close() -> None:
             green.close_thread_stores()
@@ -282,30 +272,20 @@ class Heartbeat:
                     closed.set()
             park.wait()  # so that each sender takes exactly one of these
 
-        for _ in range(senders):
-            self._outbox.put(close)
+        self._senders.each(close)
         closed.wait(timeout)
 
-    def release_all(self, reason: str) -> int:
-        """Give back every lease still watched (the process is going away); return how many."""
+    def abandon(self) -> list[Execution]:
+        """Stop renewing every lease still held for work in hand (the process is going away)
+        and return them, for the caller to give back. A lease whose finish is being written
+        behind the return is finishing, not abandoned; one whose confirmation is on its way
+        is done (``flush_settles`` sends it)."""
         with self._wake:
-            # A handle with a background write pending is finishing, not abandoned; one whose
-            # confirmation is pending is done (flush_settles sends it).
-            handles = [h for h in self._handles
-                       if h.phase not in (Phase.FINISHING, Phase.CONFIRMING)]
-        released = 0
-        for handle in handles:
+            held = [h for h in self._handles
+                    if h.phase not in (Phase.FINISHING, Phase.CONFIRMING)]
+        for handle in held:
             self.unwatch(handle)
-            try:
-                if handle.store.release(handle.lease, reason=reason):
-                    released += 1
-                    handle.mark_lost(reason)
-                    signals.lease_released.send(sender=handle.task, key=handle.key,
-                                                lease=handle.lease, hold_time=handle.held_for)
-            except LeaseError as exc:
-                logger.warning("lease %s: not released at shutdown (%s); it will expire",
-                               handle.key, exc)
-        return released
+        return held
 
     def _due(self) -> tuple[list[Execution], list[Execution], list[InFlight]]:
         """Wait until some handle (or unanswered claim) is due for renewal, or a confirmation
@@ -455,35 +435,8 @@ class Heartbeat:
                         "(a busy neighbour holds the worker)", claim.key, renewed.token)
             claim.renewed(renewed, sent_at)
 
-    def _start_sender(self, *, idle: bool = True) -> None:
-        with self._senders_lock:
-            n = self._senders
-            self._senders += 1
-            self._idle += idle
-        green.start_thread(self._send, name=f"lease-send-{n}")
-
     def _enqueue(self, call: Callable[[], None]) -> None:
-        """Queue a store call for a sender, reserving an idle one; start another sender if
-        every one is busy."""
-        with self._senders_lock:
-            reserved = self._idle > 0
-            if reserved:
-                self._idle -= 1
-            more = not reserved and self._senders < MAX_SENDERS
-        if more:
-            self._start_sender(idle=False)  # it takes this call
-        self._outbox.put(call)
-
-    def _send(self) -> None:
-        while True:
-            call = self._outbox.get()
-            try:
-                call()
-            except Exception:  # never let the thread die: a dead heartbeat loses every lease
-                logger.exception("lease heartbeat failed")
-            finally:
-                with self._senders_lock:
-                    self._idle += 1
+        self._senders.put(call)
 
     def _reschedule(self, handle: Execution, at: float) -> None:
         """The next renewal of ``handle`` is due ``at`` (if it is still renewed). Call with

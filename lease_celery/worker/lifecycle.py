@@ -16,6 +16,7 @@ from celery import signals as celery_signals
 
 from ..apps import leased_tasks
 from ..errors import LeaseError
+from ..execution.completion import Completion
 from ..names import name_problems
 from ..runtime import history
 from ..runtime.heartbeat import Heartbeat
@@ -58,7 +59,12 @@ def release_held_leases(reason: str) -> int:
         heartbeat.flush_background(SHUTDOWN_RELEASE_TIMEOUT / 2)
         heartbeat.flush_settles()
         history.flush()  # outcomes Celery stored: confirm them before going
-        released.append(heartbeat.release_all(reason))
+        count = 0
+        for execution in heartbeat.abandon():
+            if Completion(execution.task, execution).release(reason):
+                execution.mark_lost(reason)
+                count += 1
+        released.append(count)
 
     worker = threading.Thread(target=give_back, name="lease-release", daemon=True)
     worker.start()

@@ -350,7 +350,7 @@ def test_renewals_go_out_on_time_while_every_sender_waits_on_a_dead_connection(
     a settle confirmation queued behind them for 5 s, past its deadline): the heartbeat starts
     more senders, so the next renewals go out on time, on fresh connections, and no lease is
     lost."""
-    from lease_celery.runtime.heartbeat import SENDERS
+    from lease_celery.runtime.senders import SENDERS
 
     ttl, interval = 1.0, 0.25
     heartbeat = Heartbeat.for_process()

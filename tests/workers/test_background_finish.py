@@ -25,7 +25,8 @@ from lease_celery import LeasedTask, open_store, signals
 from lease_celery.errors import ResultNotSerializable
 from lease_celery.models import LeaseState
 from lease_celery.runtime.execution import Execution
-from lease_celery.runtime.heartbeat import MAX_SENDERS, Heartbeat
+from lease_celery.runtime.heartbeat import Heartbeat
+from lease_celery.runtime.senders import MAX_SENDERS
 from lease_celery.stores.registry import shared_store
 from tests.support.tokens import token_base
 from tests.support.workers import WorkerPool
@@ -351,7 +352,7 @@ def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() 
     heartbeat = Heartbeat()
     gate = threading.Event()
     for _ in range(MAX_SENDERS):
-        heartbeat._enqueue(gate.wait)  # each sender (as many as may start) blocks on one
+        heartbeat.senders.put(gate.wait)  # each sender (as many as may start) blocks on one
     time.sleep(0.1)
     handle = Execution(_Lease(), store=None, ttl=30, heartbeat_interval=10,  # type: ignore
                          sent_at=time.monotonic())
