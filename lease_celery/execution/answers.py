@@ -2,8 +2,9 @@
 
 A key runs once. A delivery of the same work under *another* task id (a double publish with a
 fresh id, a chord header member also published on its own, a retried publish that minted a new
-id) used to be dropped with ``Ignore``: nothing was stored under its id, so its ``AsyncResult``
-stayed PENDING for ever, its callbacks never ran, and a chord waiting for it never completed.
+id) must not simply be dropped with ``Ignore``: nothing would be stored under its id, so its
+``AsyncResult`` would stay PENDING for ever, its callbacks never run, and a chord waiting for
+it never complete.
 
 Instead such a delivery is *answered*: once the key is done (or dead), Celery stores the
 accepted outcome under the duplicate's own id and sends the duplicate's own callbacks and chord

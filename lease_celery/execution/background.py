@@ -12,12 +12,8 @@ row says. So the finish is queued and the pool process takes its next task at on
   commit and one fsync instead of two; PostgreSQL: one statement; Redis: one script), with no
   sender woken for it; only a finish no claim took within ``CARRY_WITHIN`` (the process went
   idle) is written by one of the heartbeat's sender threads. The round trip is saved, but the
-  next claim is a little longer: it stays on the task's path. Through real workers
-  (``worker_throughput.py``, against the same store's tasks finishing in the task, alternating
-  in one run, 2026-12-06): pool CPU per no-op task 750 -> 680 µs and the Redis server's 375 ->
-  322 µs (Redis), 1,045 -> 935 µs and PostgreSQL's 670 -> 550 µs (PostgreSQL), unchanged on
-  SQLite (its figure spreads by 100-300 µs between runs: another run measured 1,027 -> 888 µs
-  of worker CPU).
+  next claim is a little longer: it stays on the task's path (what it saves, measured through
+  real workers: docs/proof.md, "The carried finish").
 - *background* (``"auto"`` after a body of 2 ms or more, and ``True``): a sender thread writes
   it at once, off the path of the next task, at the price of the hand-off to the thread
   (which costs a short body more than the round trip it hides).

@@ -96,11 +96,11 @@ class Heartbeat:
         self._flushing = 0
         # When the scheduling thread looks at the queued writes next because one fell due
         # (in_background woke it for that one): it keeps that appointment even if a claim
-        # carries the write first. Woken for a finish, it used to find the next claim had
-        # already carried it by the time it ran, sleep until the next renewal, and be woken
-        # again by the next task's finish: a wake-up per task. Now the finishes queued before
-        # that instant wake nobody, and the thread wakes about once per ``within`` while
-        # finishes come, twice for one that comes alone.
+        # carries the write first. Woken for each finish instead, it would find the next claim
+        # had already carried it by the time it ran, sleep until the next renewal, and be
+        # woken again by the next task's finish: a wake-up per task. So the finishes queued
+        # before that instant wake nobody, and the thread wakes about once per ``within``
+        # while finishes come, twice for one that comes alone.
         self._carry_check_at = math.inf
         # Store calls wait for a sender thread: the scheduling thread never blocks on a store.
         self._senders = SenderPool()
