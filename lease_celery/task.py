@@ -20,6 +20,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery.backends.rpc import RPCBackend
 from celery.exceptions import Ignore
+from celery.result import ResultBase
 
 from . import signals
 from .checks import check_ttl
@@ -218,8 +219,7 @@ class LeasedTask(AttemptEnding):
         execution = getattr(self.request, "lease", None)
         if not isinstance(execution, Execution):
             raise LeaseError("self.lease is only available inside a LeasedTask body")
-        view: LeaseHandle = execution.view
-        return view
+        return execution.view
 
     def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
                retry_same_key: bool = False, wait: float = 0.0) -> Any:
@@ -543,7 +543,8 @@ class LeasedTask(AttemptEnding):
         settle_within = self._settle_within(settings)
         # The row keeps the result as Celery's backend stores it (a GroupResult as its tuple
         # form): a result Celery can store, the lease store can keep.
-        stored = self._result_backend.prepare_value(result)
+        stored = (self._result_backend.prepare_value(result) if isinstance(result, ResultBase)
+                  else result)
         request = self.request
         mode = settings.finish_mode(handle.body_seconds,
                                     store_carries=handle.store.carries_finish)

@@ -98,10 +98,12 @@ class Completion:
         if settle_within is not None:
             execution.enter(Phase.SETTLING)  # still renewed, until Celery stored the outcome
         else:
-            Heartbeat.for_process().unwatch(execution)
-        logger.info("lease %s token %s finished", execution.key, execution.token)
-        hand_on(self.task, execution.store, execution.lease.group)
-        signals.lease_finished.send(sender=self.task, key=execution.key, lease=execution.lease,
+            _heartbeat().unwatch(execution)
+        lease = execution.lease  # read once: this runs after every task
+        logger.info("lease %s token %s finished", lease.key, lease.token)
+        if lease.group is not None:
+            hand_on(self.task, execution.store, lease.group)
+        signals.lease_finished.send(sender=self.task, key=lease.key, lease=lease,
                                     hold_time=execution.held_for,
                                     duration=execution.body_seconds)
 
@@ -110,7 +112,7 @@ class Completion:
         not the key's. Returns whether someone else has the key now (an unanswered read
         counts as taken: dropping an outcome is safe, writing it twice is not)."""
         execution = self.execution
-        Heartbeat.for_process().unwatch(execution)
+        _heartbeat().unwatch(execution)
         execution.mark_lost(reason)
         taken = execution.taken_over()
         logger.warning("lease %s owner %s token %s: stale outcome rejected: %s%s",
@@ -127,4 +129,9 @@ class Completion:
         execution = self.execution
         execution.enter(Phase.SETTLING)
         self.task.request.lease = execution
-        Heartbeat.for_process().watch(execution)
+        _heartbeat().watch(execution)
+
+
+def _heartbeat() -> Heartbeat:
+    """This process's heartbeat: the one that renewed the execution (no lock to ask for it)."""
+    return Heartbeat.current() or Heartbeat.for_process()

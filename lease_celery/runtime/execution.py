@@ -35,6 +35,7 @@ from ..errors import StoreError
 from ..models import Lease
 from ..stores.base import Store
 from . import green
+from .handle import LeaseHandle
 
 __all__ = ["Execution", "Phase"]
 
@@ -72,9 +73,7 @@ class Execution:
         self._lost_reason: str | None = None
         self._cancel: str | None = lease.cancel
         self._body_seconds = 0.0
-        from .handle import LeaseHandle  # the view imports this module
-
-        self._view = LeaseHandle(self)
+        self._view: LeaseHandle | None = None  # made when the body first asks for it
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -101,8 +100,10 @@ class Execution:
         return self._task
 
     @property
-    def view(self) -> Any:
+    def view(self) -> LeaseHandle:
         """What the task body sees (``self.lease``): a read-only ``LeaseHandle``."""
+        if self._view is None:
+            self._view = LeaseHandle(self)
         return self._view
 
     @property
