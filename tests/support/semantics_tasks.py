@@ -73,3 +73,16 @@ def replaced(self: LeasedTask, job_id: str, levels: int) -> Any:
 def errback_journal(request: Any, exc: Any, traceback: Any, tag: str) -> None:
     """A ``link_error`` errback: records that it ran."""
     record("errback", tag=tag, task_id=getattr(request, "id", None), error=repr(exc))
+
+
+@app.task(base=LeasedTask, bind=True)
+def identity(self: LeasedTask, value: Any) -> Any:
+    """Return ``value`` (keyed by task id, as every task of Celery's own canvas tests)."""
+    return value
+
+
+@app.task(base=LeasedTask, bind=True)
+def fails(self: LeasedTask, job_id: str) -> None:
+    """Raise at once (keyed by task id)."""
+    _start(self, job_id)
+    raise RuntimeError(f"failure of {job_id}")

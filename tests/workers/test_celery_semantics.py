@@ -16,6 +16,7 @@ import time
 import uuid
 
 import pytest
+from celery import chain, chord
 
 from lease_celery import LeaseState
 from tests.support.policy_helpers import get_record, wait_until
@@ -144,3 +145,26 @@ def test_replace_hands_the_key_on_without_counting_an_attempt(workers: WorkerPoo
     assert [r["attempts"] for r in runs] == [1, 1, 1, 1, 1]
     record = get_record(workers.store_url, result.id)
     assert record is not None and record.state is LeaseState.DONE and record.attempts == 1
+
+
+def test_a_chord_whose_header_chain_fails_calls_its_errback_once(workers: WorkerPool) -> None:
+    """A chord whose header is a chain that fails in its middle, every task leased and keyed
+    by its id (Celery's ``test_mutable_errback_called_by_chord_from_chain``): the chord's
+    result raises the error and its ``link_error`` errback is called once, the failing task
+    having run once. (The failing task used to be retried, and the errback never came.)"""
+    workers.start("a", concurrency=2)
+    job = _job()
+    client = workers.client
+    header = chain(client.signature(f"{TASKS}.identity", args=(42,), immutable=True),
+                   client.signature(f"{TASKS}.fails", args=(job,), immutable=True),
+                   client.signature(f"{TASKS}.identity", args=(42,), immutable=True))
+    flow = chord((header,), client.signature(f"{TASKS}.identity"))
+    flow.link_error(client.signature(f"{TASKS}.errback_journal", args=(job,)))
+    result = flow.apply_async()
+    with pytest.raises(RuntimeError, match=f"failure of {job}"):
+        result.get(timeout=30)
+    wait_until(lambda: workers.journal.events("errback", tag=job), timeout=15,
+               what="the chord's errback")
+    time.sleep(1.5)  # a second errback, or a retry of the failed task, would come by now
+    assert len(workers.journal.events("errback", tag=job)) == 1
+    assert len(_runs(workers, job)) == 1
