@@ -96,15 +96,19 @@ class EncodedResult(str):
 
 
 def encode_result(result: Any) -> str:
-    """Serialize a task result to strict JSON (never pickle: the store must not run code)."""
+    """Serialize a task result to JSON as kombu's JSON does, which is what Celery's default
+    result serializer carries: datetimes, UUIDs, Decimals and bytes as tagged values (never
+    pickle: the store must not run code). Strict JSON text all the same (no NaN)."""
     if type(result) is EncodedResult:
         return result
     try:
-        return json.dumps(result, allow_nan=False, separators=(",", ":"), sort_keys=True)
+        text: str = kombu_json.dumps(  # type: ignore[no-untyped-call]
+            result, allow_nan=False, separators=(",", ":"), sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ResultNotSerializable(
-            f"lease results must be JSON-serializable; {type(result).__name__} is not ({exc})"
-        ) from exc
+            f"lease results must be JSON-serializable (Celery's JSON: datetimes, UUIDs, "
+            f"Decimals and bytes too); {type(result).__name__} is not ({exc})") from exc
+    return text
 
 
 def encode_checkpoint(data: Any) -> str:
@@ -146,5 +150,5 @@ def decode_task(text: str | None) -> dict[str, Any] | None:
 
 
 def decode_result(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else kombu_json.loads(text)  # type: ignore[no-untyped-call]
 

@@ -290,16 +290,16 @@ def test_key_or_owner_with_unusual_characters_is_accepted_or_invalid(
         (float("nan"), r"\bfloat\b"),
         (float("inf"), r"\bfloat\b"),
         ({"nested": {1, 2}}, r"\bset\b"),
-        (b"bytes", r"\bbytes\b"),
     ],
-    ids=["object", "set", "nan", "inf", "nested-set", "bytes"],
+    ids=["object", "set", "nan", "inf", "nested-set"],
 )
 def test_unserializable_result_is_refused_and_writes_nothing(
     store: Store, result: object, named: str
 ) -> None:
-    """finish() with a result that is not strict JSON raises ResultNotSerializable (a LeaseError
-    and a TypeError) naming the type; the row is unchanged and still running, and the same lease
-    can then finish with a good result."""
+    """finish() with a result that Celery's JSON cannot carry raises ResultNotSerializable (a
+    LeaseError and a TypeError) naming the type; the row is unchanged and still running, and
+    the same lease can then finish with a good result. (Bytes, datetimes, UUIDs and Decimals
+    are carried, as Celery's JSON result serializer carries them: tests/unit.)"""
     lease = store.claim("k", owner="w", ttl=10)
     assert lease is not None
     before = store.get("k")

@@ -421,3 +421,20 @@ def test_release_hands_the_key_to_the_next_message_and_may_give_the_attempt_back
     assert store.release(again, reason="requeued")
     record = store.get("k")
     assert record is not None and (record.attempts, record.task) == (1, retry)
+
+
+def test_a_result_comes_back_as_celerys_json_carries_it(store: Store) -> None:
+    """A finish's result is kept as kombu's JSON, what Celery's default result serializer
+    writes: a datetime, a UUID, a Decimal and bytes come back as they went in, on every
+    store."""
+    import datetime
+    import decimal
+    import uuid
+
+    result = {"at": datetime.datetime(2026, 12, 6, 12, 30, tzinfo=datetime.timezone.utc),
+              "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+              "amount": decimal.Decimal("12.50"), "blob": b"\x00\x01", "n": [1, 2.5, None]}
+    lease = claim(store, "typed")
+    assert store.finish(lease, result)
+    record = store.get("typed")
+    assert record is not None and record.result == result

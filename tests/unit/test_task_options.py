@@ -427,3 +427,29 @@ def test_a_result_celery_stores_as_a_tuple_is_kept_by_the_lease_store(sqlite_url
     assert record is not None and record.state is LeaseState.DONE
     restored = result_from_tuple(record.result, app=app)
     assert restored.id == "group-1" and [child.id for child in restored] == ["child-1"]
+
+
+def test_a_result_celerys_json_carries_is_kept_by_the_lease_store(sqlite_url: str) -> None:
+    """A task that returns what Celery's own JSON serializer carries (a datetime, a UUID, a
+    Decimal, bytes) succeeds, as in Celery, and the row gives the same values back (it was
+    ResultNotSerializable: the lease store took strict JSON only)."""
+    import datetime
+    import decimal
+    import uuid as uuid_module
+
+    value = {"at": datetime.datetime(2026, 12, 6, 12, 30, tzinfo=datetime.timezone.utc),
+             "id": uuid_module.UUID("12345678-1234-5678-1234-567812345678"),
+             "amount": decimal.Decimal("12.50"), "blob": b"\x00\x01"}
+    app = make_app(sqlite_url)
+
+    @app.task(base=LeasedTask, bind=True, shared=False, lease_key="typed:{n}")
+    def job(self: LeasedTask, n: int) -> dict[str, Any]:
+        return value
+
+    result = job.apply(args=(1,))
+    assert result.state == "SUCCESS", result.result
+    record = open_store(sqlite_url).get("typed:1")
+    assert record is not None and record.state is LeaseState.DONE
+    assert record.result["at"] == value["at"] and record.result["id"] == value["id"]
+    assert str(record.result["amount"]) == "12.50"
+    assert job.apply(args=(1,)).get()["at"] == value["at"]  # answered from the row
