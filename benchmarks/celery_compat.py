@@ -78,6 +78,7 @@ class Run:
         return {"seconds": round(self.seconds, 1), "exit_code": self.exit_code,
                 "timed_out": self.timed_out, "apps": self.marker.get("apps", 0),
                 "leased_apps": self.marker.get("leased_apps", 0),
+                "redis_helper": self.marker.get("redis_helper", False),
                 "lease_rows": self.lease_rows, "log": str(self.log)}
 
 
@@ -199,9 +200,12 @@ def run_mode(mode: str, *, folder: Path, workdir: Path, files: Sequence[str],
         raise SystemExit(f"celery_compat: the {mode} run collected no test "
                          f"(--files {' '.join(files)}{f' --select {select!r}' if select else ''})"
                          f"; see {log}")
-    return Run(mode, seconds, process.returncode, timed_out, outcomes,
-               json.loads(marker.read_text()) if marker.is_file() else {},
-               lease_rows(url), log)
+    seen = json.loads(marker.read_text()) if marker.is_file() else {}
+    if not seen.get("redis_helper"):
+        raise SystemExit(f"celery_compat: in the {mode} run, Celery's tests or tasks did not use "
+                         f"the run's Redis database ({url}) for their own keys: the comparison "
+                         f"would be meaningless; see {log}")
+    return Run(mode, seconds, process.returncode, timed_out, outcomes, seen, lease_rows(url), log)
 
 
 def _commit() -> str:

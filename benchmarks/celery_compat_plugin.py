@@ -12,12 +12,13 @@ app (the worker's) and for each test's app, is wrapped so that the app's ``task_
 
 At the end it writes a JSON marker (``--compat-marker``): the mode, how many apps were
 created and how many of them had a ``LeasedTask`` base, so that a leased run that silently
-ran plain tasks shows.
+ran plain tasks shows, and whether the tests and the tasks both used the run's Redis helper.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = ["LEASED_TASK_CLS"]
 LEASED_TASK_CLS = "lease_celery.task:LeasedTask"
 
 _created = {"apps": 0, "leased_apps": 0}
+#: The Redis helper put in place of Celery's (empty without --compat-redis-url).
+_helper: list[Callable[[], Any]] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,20 +91,23 @@ def _note(app: Any) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_configure(config: pytest.Config) -> None:
-    """Patch before Celery's conftest imports its helper and before any fixture runs."""
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Patch before Celery's conftest is imported (pytest imports the conftests of the paths
+    it is given here, before ``pytest_configure``): the conftest binds
+    ``get_redis_connection`` by name when it is imported, and the test modules take it from
+    the conftest."""
     from celery.contrib.testing import app as testing_app
 
-    redis_url = config.getoption("--compat-redis-url")
-    if redis_url:
+    options = early_config.known_args_namespace
+    if options.compat_redis_url:
         from t.integration import tasks  # the run's folder is the first entry of sys.path
 
-        tasks.get_redis_connection = _redis_helper(redis_url)
-    if config.getoption("--compat-mode") == "leased":
-        store_url = config.getoption("--compat-store-url")
-        if not store_url:
+        _helper.append(_redis_helper(options.compat_redis_url))
+        tasks.get_redis_connection = _helper[0]
+    if options.compat_mode == "leased":
+        if not options.compat_store_url:
             raise pytest.UsageError("--compat-mode leased needs --compat-store-url")
-        testing_app.TestApp = _leased(testing_app.TestApp, store_url)
+        testing_app.TestApp = _leased(testing_app.TestApp, options.compat_store_url)
     else:
         testing_app.TestApp = _counting(testing_app.TestApp)
 
@@ -110,4 +116,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     marker = session.config.getoption("--compat-marker")
     if marker:
         mode = session.config.getoption("--compat-mode")
-        Path(marker).write_text(json.dumps({"mode": mode, **_created}))
+        Path(marker).write_text(json.dumps({"mode": mode, **_created,
+                                            "redis_helper": _helper_in_place()}))
+
+
+def _helper_in_place() -> bool:
+    """Whether the tasks module and Celery's conftest (where the test modules import it
+    from) both call the run's Redis helper."""
+    modules = [sys.modules.get(name) for name in ("t.integration.tasks",
+                                                  "t.integration.conftest")]
+    return bool(_helper) and all(
+        module is not None and module.get_redis_connection is _helper[0] for module in modules)

@@ -2,7 +2,8 @@
 and leased, each against a real in-process worker on Redis.
 
 This checks the harness, not lease_celery: both modes ran tests, the leased run's apps had
-``LeasedTask`` as their task base and its tasks wrote lease rows, the plain run's wrote none.
+``LeasedTask`` as their task base and its tasks wrote lease rows, the plain run's wrote none,
+and in both the tests and their tasks kept their own keys in the run's Redis database.
 Whether the leased run passes what the plain run passes is the command's report, not this
 test's assertion.
 """
@@ -20,8 +21,9 @@ from benchmarks.celery_compat_sdist import default_cache, fetch_sdist
 from tests.support.servers import REDIS_DB, missing
 
 REPO = Path(__file__).resolve().parents[2]
-#: Short (a few seconds a mode): tasks that retry, a chain and a group inside one.
-SELECTION = ("test_simple_chain or test_group_results_in_chain or test_retry_switches"
+#: Short (a few seconds a mode): tasks that retry, a chain, and groups around a chain whose
+#: tasks write to the tests' own Redis keys (Celery's ``get_redis_connection``).
+SELECTION = ("test_simple_chain or test_group_chord_group_chain or test_retry_switches"
              " or test_retry_with_unpickleable_exception")
 
 
@@ -49,6 +51,7 @@ def test_celery_integration_tests_run_plain_and_leased(tmp_path: Path,
         assert counts[mode]["tests"] >= 5 and counts[mode]["passed"] > 0, (mode, result)
         assert not runs[mode]["timed_out"], (mode, result)
         assert runs[mode]["apps"] > 0, (mode, result)  # the plugin saw the tests' apps
+        assert runs[mode]["redis_helper"], (mode, result)  # their keys in the run's database
     assert counts["plain"]["tests"] == counts["leased"]["tests"], result
     assert runs["plain"]["leased_apps"] == 0 and runs["plain"]["lease_rows"] == {}, result
     assert runs["leased"]["leased_apps"] == runs["leased"]["apps"], result
