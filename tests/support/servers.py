@@ -16,7 +16,9 @@ REDIS_PORT = int(os.environ.get("LEASE_TEST_REDIS_PORT", "6379"))
 #: but 12, each key there a run's or a test's own: 7 (beat and beat integration tests), 9 and
 #: 14 (benchmarks' broker and stores, the chaos harness's stores), 12 (the demo, flushed by
 #: tests/workers/test_demo.py), 13 (store tests, a key prefix per test), 15 (the chaos
-#: harness's broker, tests/workers/test_otel.py's workers).
+#: harness's broker, tests/workers/test_otel.py's workers). Database 1 is no test's: it is the
+#: default of ``python -m benchmarks.celery_compat`` (Celery's integration tests, flushed), whose
+#: test here gives it this process's own database instead.
 WORKER_DBS = tuple(int(db) for db in os.environ.get("LEASE_TEST_REDIS_DBS", "").split(",")
                    if db.strip()) or (11, 10, 8, 6, 5, 4, 3, 2)
 #: This process's xdist worker number (0 without xdist).
