@@ -179,10 +179,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         retry = self.retry(exc=exc, countdown=outcome.delay, max_retries=math.inf, throw=False)
         self._release(handle, reason=outcome.reason, delay=outcome.delay,
                       task=retry_message(retry))
-        logger.warning("lease %s: %s; retrying in %.2fs", handle.key, outcome.reason,
-                       outcome.delay)
-        signals.lease_retry.send(sender=self, key=handle.key, lease=handle.lease,
-                                 reason=outcome.reason, countdown=outcome.delay)
+        Completion(self, handle).retrying(outcome.reason, delay=outcome.delay)
         raise retry
 
     def _hand_on_to_replacement(self, handle: Execution, replacement: Any) -> None:

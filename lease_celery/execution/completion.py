@@ -107,6 +107,14 @@ class Completion:
                                     hold_time=execution.held_for,
                                     duration=execution.body_seconds)
 
+    def retrying(self, reason: str, *, delay: float) -> None:
+        """The lease's own error retry (``lease_retry_errors``) was published and the key
+        released for ``delay`` seconds."""
+        execution = self.execution
+        logger.warning("lease %s: %s; retrying in %.2fs", execution.key, reason, delay)
+        signals.lease_retry.send(sender=self.task, key=execution.key, lease=execution.lease,
+                                 reason=reason, countdown=delay)
+
     def refused(self, reason: str) -> bool:
         """The store refused this execution's outcome: its lease is lost, and the outcome is
         not the key's. Returns whether someone else has the key now (an unanswered read
