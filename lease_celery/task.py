@@ -67,20 +67,6 @@ CLAIM_ROUNDS = 3
 #: Seconds (at most ttl) before a delivery that met an unavailable store runs again.
 STORE_RETRY_DELAY = 5.0
 
-class _SettlementTaken(Exception):  # control flow only: never escapes the gate
-    """Raised by the claim when this delivery completes a key whose owner died settling it."""
-
-    def __init__(self, handle: Execution, record: LeaseRecord) -> None:
-        super().__init__()
-        self.handle, self.record = handle, record
-
-    def outcome(self) -> Any:
-        """The accepted outcome, for Celery to store and pass to the callbacks again."""
-        if self.record.state is LeaseState.DEAD:
-            raise LeaseDead(f"lease {self.record.key!r} is dead: {self.record.reason}")
-        return self.record.result
-
-
 class _AlreadyDone(Exception):  # control flow only: never escapes the gate
     """Raised by the claim when an eager run finds its key done or dead: it is answered with
     the accepted outcome, as a delivery under another task id is, instead of running again."""
@@ -90,9 +76,19 @@ class _AlreadyDone(Exception):  # control flow only: never escapes the gate
         self.record = record
 
     def outcome(self) -> Any:
+        """The accepted outcome, for Celery to store and pass to the callbacks again."""
         if self.record.state is LeaseState.DEAD:
             raise LeaseDead(f"lease {self.record.key!r} is dead: {self.record.reason}")
         return self.record.result
+
+
+class _SettlementTaken(_AlreadyDone):  # caught before _AlreadyDone
+    """Raised by the claim when this delivery completes a key whose owner died settling it:
+    the accepted outcome, and the execution that now settles it."""
+
+    def __init__(self, handle: Execution, record: LeaseRecord) -> None:
+        super().__init__(record)
+        self.handle = handle
 
 
 class LeasedTask(AttemptEnding):
