@@ -87,10 +87,19 @@ class LeaseRecord:
     @property
     def task_id(self) -> str | None:
         """The task id of the delivery that last claimed the key. A settled ``done`` row keeps
-        only this of its task info (``task`` is then ``{"options": {"task_id": ...}}``)."""
+        only this and ``context`` of its task info (``task`` is then
+        ``{"options": {"task_id": ...}, "context": ...}``)."""
         options = (self.task or {}).get("options") or {}
         task_id = options.get("task_id")
         return None if task_id is None else str(task_id)
+
+    @property
+    def context(self) -> str | None:
+        """Where the outcome of the delivery that last claimed the key went: a digest of its
+        canvas place (``lease_celery.execution.delivery.delivery_context``), kept by a settled
+        ``done`` row with its task id. None for a row written before it was recorded."""
+        context = (self.task or {}).get("context")
+        return None if context is None else str(context)
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from .errors import (
     ResultNotSerializable,
     StoreError,
 )
-from .execution.answers import Answer, answer_key
+from .execution.answers import Answer, answer_key, answers_elsewhere, failure_of
 from .execution.attempts import AttemptEnding
 from .execution.background import CarriedFinish, finish_in_background
 from .execution.completion import Completion
-from .execution.delivery import body_signature, task_info
+from .execution.delivery import CONTEXT, body_signature, task_info
 from .execution.limited import describe, group_of, note_wait, refusal_delay
 from .execution.outage import deferral_reason, retrying
 from .execution.published import record_at_publish, withdraw
@@ -310,6 +310,7 @@ class LeasedTask(AttemptEnding):
         owner = execution_owner()
         request = self.request
         info = None if request.called_directly else task_info(self, request, args, kwargs)
+        context = None if info is None else info[CONTEXT]
         heartbeat = Heartbeat.for_process()
         # An answer's key is no work of the group: it runs no body.
         limit = None if answering else group_of(self, settings, args, kwargs)
@@ -346,17 +347,20 @@ class LeasedTask(AttemptEnding):
             record = store.get(key)
             if record is None:
                 continue  # purged between our claim and our look: claim again
-            if (record.settling and record.task_id == self.request.id
-                    and not (self.request.is_eager or self.request.called_directly)):
+            if (record.settling and not answers_elsewhere(record, request.id, context)
+                    and not (request.is_eager or request.called_directly)):
                 self._complete(store, record, owner, settings, args, kwargs)
                 continue  # another delivery took the settlement first: look again
             if record.state in (LeaseState.DONE, LeaseState.DEAD):
-                if (not answering and record.task_id != self.request.id
-                        and not (self.request.is_eager or self.request.called_directly)):
-                    # Done under another task id: this delivery gets its own answer (see
-                    # answers.py), claimed like any work on a key of its own.
-                    raise Answer(self._claim(store, answer_key(key, self.request.id),
-                                             settings, args, kwargs, answering=True), record)
+                if (not answering and answers_elsewhere(record, request.id, context)
+                        and not (request.is_eager or request.called_directly)):
+                    # Done under another task id, or this id applied in another place: this
+                    # delivery gets its own answer (see answers.py), claimed like any work on
+                    # a key of its own.
+                    asker = (request.id if record.task_id != request.id
+                             else f"{request.id}@{context}")
+                    raise Answer(self._claim(store, answer_key(key, asker), settings, args,
+                                             kwargs, answering=True), record)
                 logger.info("lease %s is %s (token %s): delivery %s ignored",
                             key, record.state.value, record.token, self.request.id)
                 signals.duplicate_ignored.send(sender=self, key=key, state=record.state.value,
@@ -519,8 +523,8 @@ class LeasedTask(AttemptEnding):
                                         record=record, lease=handle.lease)
         if record.state is LeaseState.DEAD:
             heartbeat.unwatch(handle)  # _kill watches it again if the failure settles
-            self._kill(handle, record.reason or "dead")
-            raise LeaseDead(f"lease {record.key!r} is dead: {record.reason}")
+            self._kill(handle, record.reason or "dead", error=record.result)
+            raise failure_of(record, self._result_backend)
         heartbeat.watch(handle)
         return self._finish(handle, record.result, settings, args, kwargs, heartbeat)
 

@@ -24,6 +24,7 @@ from ..errors import LeaseCancelled, LeaseLost, StoreError
 from ..keys import check_key_spec
 from ..runtime.execution import Execution
 from ..settings import LeaseSettings, resolve_settings
+from .answers import stored_failure
 from .completion import Completion
 from .delivery import body_signature, republish_later
 from .outage import StoreWait
@@ -163,7 +164,7 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
                             request.kwargs or {}, eager_error=lost, recovery=True,
                             why=f"lease lost before the store expired it: {exc}")
         elif end is End.FAIL:
-            self._kill(handle, reason)
+            self._kill(handle, reason, error=stored_failure(exc))
         else:
             self._back_off(handle, exc, outcome)
 
@@ -233,12 +234,15 @@ class AttemptEnding(Task):  # type: ignore[misc]  # celery ships no type informa
         limits = getattr(self.request, "timelimit", None) or (None, None)
         return limits[1] or self.soft_time_limit or self.app.conf.task_soft_time_limit
 
-    def _kill(self, handle: Execution, reason: str, *, settles: bool = True) -> None:
-        """Mark the key dead; the failure then settles like a finish (after_return), unless
-        Celery stores nothing for it (``settles=False``: a rejected task)."""
+    def _kill(self, handle: Execution, reason: str, *, settles: bool = True,
+              error: Any = None) -> None:
+        """Mark the key dead (of ``error``, see ``Completion.kill``); the failure then settles
+        like a finish (after_return), unless Celery stores nothing for it (``settles=False``:
+        a rejected task)."""
         settle_within = (self._settle_within(self.lease_settings, failed=True) if settles
                          else None)
-        if Completion(self, handle).kill(reason, settle_within=settle_within) is False:
+        if Completion(self, handle).kill(reason, settle_within=settle_within,
+                                         error=error) is False:
             self._not_current(handle, f"the attempt failed after its lease lapsed ({reason})")
 
     def _not_current(self, handle: Execution, reason: str) -> NoReturn:

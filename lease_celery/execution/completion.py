@@ -48,14 +48,16 @@ class Completion:
             self.finished(settle_within=settle_within)
         return accepted
 
-    def kill(self, reason: str, *, settle_within: float | None) -> bool | None:
-        """Mark the key dead with ``reason``; the failure then settles like a finish when
+    def kill(self, reason: str, *, settle_within: float | None,
+             error: Any = None) -> bool | None:
+        """Mark the key dead with ``reason`` (and ``error``, the failure as Celery stores it,
+        ``answers.stored_failure``); the failure then settles like a finish when
         ``settle_within`` is not None. None when the store could not answer (the lease then
         expires, and the sweeper brings the task back)."""
         execution = self.execution
         try:
             killed = execution.store.kill(execution.lease, reason=reason[:2000],
-                                          settle_within=settle_within)
+                                          settle_within=settle_within, error=error)
         except StoreError:
             logger.exception("lease %s: could not mark it dead (%s)", execution.key, reason)
             return None

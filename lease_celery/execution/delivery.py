@@ -9,6 +9,8 @@ the lease row is the record (see ``settle``).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +20,8 @@ from celery.utils.dispatch import Signal
 
 from .recovery import first_priority, recovery_options
 
-__all__ = ["body_signature", "republish", "republish_later", "task_info"]
+__all__ = ["CONTEXT", "CONTEXT_HEADER", "body_signature", "delivery_context", "republish",
+           "republish_later", "task_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +69,52 @@ def _prepared(app: Any, signature: Any, *, recovery: bool) -> Any:
     return signature
 
 
+#: The task info's field naming the delivery's canvas context (``delivery_context``); a
+#: settled done row keeps it beside the task id.
+CONTEXT = "context"
+#: Header of a replacement: the context of the delivery it replaces, which it keeps.
+CONTEXT_HEADER = "lease_context"
+#: The options that place a delivery in its canvas: where its outcome goes (callbacks,
+#: errbacks, the rest of its chain, its chord and group) and what it descends from. A broker's
+#: redelivery, a deferral and a retry keep all of them; the same frozen signature applied in
+#: another chain, chord or group changes at least one.
+_PLACE = ("root_id", "parent_id", "group_id", "group_index", "chord", "chain", "link",
+          "link_error")
+
+
+def delivery_context(options: Mapping[str, Any], inherited: Any = None) -> str:
+    """A digest of where a delivery's outcome goes (``options``: its execution options).
+
+    Two deliveries of one task id with the same context are copies of one message: the second
+    of a done key is dropped, or Celery would send its callbacks twice. With another context
+    the id was applied again elsewhere (a frozen signature in a second canvas): that place
+    is answered with the key's outcome. A replacement keeps the context of the delivery it
+    replaces (``CONTEXT_HEADER``, read by the worker as the request's ``inherited``, or among
+    the ``headers`` of a recorded copy): Celery sends the same callbacks from it."""
+    headers = options.get("headers")
+    if inherited is None and isinstance(headers, Mapping):
+        inherited = headers.get(CONTEXT_HEADER)
+    if isinstance(inherited, str):
+        return inherited
+    place = {name: options.get(name) for name in _PLACE}
+    text = json.dumps(place, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def task_info(task: Any, request: Any, args: Any, kwargs: Any) -> dict[str, Any]:
-    """The delivery as a signature (task, args, kwargs, id, routing, links) for the lease row.
+    """The delivery as a signature (task, args, kwargs, id, routing, links) for the lease row,
+    with its ``CONTEXT``.
 
     The store keeps it as kombu JSON, or nothing when the arguments cannot be encoded (then
     only the broker can redeliver the task).
     """
     signature = dict(task.signature_from_request(request, args, kwargs))
     options = {k: v for k, v in signature.get("options", {}).items() if v is not None}
+    inherited = getattr(request, CONTEXT_HEADER, None)
+    if isinstance(inherited, str):  # a replacement: its copies keep the context too
+        options["headers"] = {**(options.get("headers") or {}), CONTEXT_HEADER: inherited}
     signature["options"] = options
+    signature[CONTEXT] = delivery_context(options, inherited)
     return signature
 
 
@@ -92,6 +132,10 @@ def republish_later(task: Any, args: Any, kwargs: Any, countdown: float, *,
     try:
         copy = task.signature_from_request(request, args, kwargs, countdown=countdown,
                                            expires=None)
+        # The copy is published from inside this task, so Celery makes this task its parent:
+        # it carries its context instead, or it would be a delivery from another place.
+        _keep_context(copy, delivery_context(copy.options,
+                                             getattr(request, CONTEXT_HEADER, None)))
         # lease_unique=False: this delivery must arrive, even though its key has a holder;
         # lease_record=False: its row exists.
         _prepared(task.app, copy, recovery=recovery).apply_async(lease_unique=False,
@@ -105,9 +149,18 @@ def republish(app: Any, info: Mapping[str, Any], *, recovery: bool = False,
               **options: Any) -> Any:
     """Publish the recorded delivery again (same task id, arguments, routing and links); as
     recovered work ahead of new work with ``recovery`` (see ``recovery``)."""
-    copy = app.signature({**info, "options": dict(info.get("options") or {})})
+    fields = {name: value for name, value in info.items() if name != CONTEXT}
+    copy = app.signature({**fields, "options": dict(info.get("options") or {})})
+    _keep_context(copy, info.get(CONTEXT))
     return _prepared(app, copy, recovery=recovery).apply_async(
         lease_unique=False, lease_record=False, **options)
+
+
+def _keep_context(copy: Any, context: Any) -> None:
+    """Have ``copy`` of a delivery keep that delivery's ``context`` (``CONTEXT_HEADER``):
+    a copy comes from the same place as the delivery it copies, whoever publishes it."""
+    if isinstance(context, str):
+        copy.options["headers"] = {**(copy.options.get("headers") or {}), CONTEXT_HEADER: context}
 
 
 def body_signature(cls: type) -> Callable[..., Any] | None:

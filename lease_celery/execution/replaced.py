@@ -6,6 +6,10 @@ a LeasedTask whose key is this execution's key (always so for tasks keyed by the
 is the replacement's to claim: it is handed on before the replacement is published, with the
 replacement's message on the row (what a sweeper re-publishes if the message is lost).
 Otherwise the replacement runs on no lease of this key, and the key's own work is over.
+
+The heir keeps the replaced delivery's context (``delivery.CONTEXT_HEADER``): Celery sends the
+replaced task's callbacks from it, so a late copy of either message is the same place's and is
+dropped once the key is done, not answered a second time.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from celery.canvas import Signature, maybe_signature
 
 from ..apps import is_leased
 from ..keys import resolve_key
+from .delivery import CONTEXT_HEADER, delivery_context
 
 __all__ = ["replacement_message"]
 
@@ -42,7 +47,13 @@ def replacement_message(task: Any, key: str, replacement: Any) -> dict[str, Any]
             logger.debug("lease %s: the replacement's key could not be resolved", key,
                          exc_info=True)
             return None
-        return dict(replacement) if heir_key == key else None
+        if heir_key != key:
+            return None
+        context = delivery_context(task.request.as_execution_options(),
+                                   getattr(task.request, CONTEXT_HEADER, None))
+        signature.options["headers"] = {**(signature.options.get("headers") or {}),
+                                        CONTEXT_HEADER: context}
+        return dict(replacement)
     return None
 
 

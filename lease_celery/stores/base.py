@@ -258,13 +258,18 @@ class Store(abc.ABC):
         return self._release(check_lease(lease), check_delay(delay), reason,
                              encode_task(task), bool(counted))
 
-    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None) -> bool:
+    def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None,
+             error: Any = None) -> bool:
         """Mark the key ``dead`` (terminal until requeued) if ``lease`` is still current.
 
         ``settle_within``: as for :meth:`finish`, the failure still has to reach Celery's
-        result backend (and errbacks); the owner confirms with :meth:`settle`.
+        result backend (and errbacks); the owner confirms with :meth:`settle`. ``error``: the
+        exception that failed the task as Celery stores one (JSON-able), kept as the dead
+        row's ``result``: a delivery answered with this outcome fails with that exception.
         """
-        return self._kill(check_lease(lease), reason, settle_deadline_offset(settle_within))
+        encoded = None if error is None else encode_result(error)  # before any write
+        return self._kill(check_lease(lease), reason, settle_deadline_offset(settle_within),
+                          encoded)
 
     def checkpoint(self, lease: Lease, data: str) -> bool:
         """Fenced: store ``data`` (JSON text, see ``encode_checkpoint``) as the key's progress
@@ -657,8 +662,10 @@ class Store(abc.ABC):
         becomes ``task`` unless that is None; ``attempts`` - 1 unless ``counted``."""
 
     @abc.abstractmethod
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
-        """Fenced: dead with ``reason``, settling as for :meth:`_finish`."""
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
+              error: str | None) -> bool:
+        """Fenced: dead with ``reason`` and ``result`` ``error`` (JSON text; None: no result),
+        settling as for :meth:`_finish`."""
 
     @abc.abstractmethod
     def _checkpoint(self, lease: Lease, data: str) -> bool:

@@ -339,9 +339,10 @@ class PostgresStore(Store):
         return self._fenced_write("release", lease, LeaseState.READY, delay=delay,
                                   reason=reason, task=task, given_back=0 if counted else 1)
 
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
+              error: str | None) -> bool:
         return self._fenced_write("kill", lease, LeaseState.DEAD, reason=reason,
-                                  settle_within=settle_within)
+                                  settle_within=settle_within, error=error)
 
     def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
         """A fenced write; a refusal of a re-sent copy is checked against the row."""

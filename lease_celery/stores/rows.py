@@ -69,7 +69,10 @@ def receipt_of(row: Row) -> Receipt:
                    version=_count(row, "version"), updated_at=float(row["updated_at"]))
 
 
-def task_id_only(task_id: str) -> str:
-    """The task info a settled ``done`` row keeps, as JSON text: only the task id, in the
-    shape of the task info it was cut from."""
-    return json.dumps({"options": {"task_id": task_id}})
+def task_id_only(task_id: str, context: str | None = None) -> str:
+    """The task info a settled ``done`` row keeps, as JSON text: only the task id and the
+    delivery's context, in the shape of the task info they were cut from."""
+    kept: dict[str, object] = {"options": {"task_id": task_id}}
+    if context is not None:
+        kept["context"] = context
+    return json.dumps(kept)

@@ -393,9 +393,10 @@ class SQLiteStore(Store):
             "given_back": 0 if counted else 1,
             "not_before": now + delay if delay else None}).rowcount == 1)
 
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
+              error: str | None) -> bool:
         return self._write(lambda conn, now: conn.execute(_Q["kill"], {
-            **fence_params(lease), "now": now, "reason": reason,
+            **fence_params(lease), "now": now, "reason": reason, "error": error,
             "settle_deadline": None if settle_within is None else now + settle_within}
             ).rowcount == 1)
 

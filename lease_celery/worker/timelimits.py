@@ -12,6 +12,7 @@ raised inside the body and handled by ``LeasedTask`` itself.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import signals as celery_signals
@@ -19,9 +20,12 @@ from celery.exceptions import TimeLimitExceeded
 
 from ..apps import is_leased
 from ..errors import LeaseError
+from ..execution.answers import stored_failure
+from ..execution.completion import Completion
 from ..execution.delivery import republish
 from ..keys import resolve_key
 from ..models import Lease, LeaseState
+from ..runtime.execution import Execution
 from ..stores.registry import shared_store
 
 __all__ = ["end_after_hard_time_limit"]
@@ -34,7 +38,9 @@ def end_after_hard_time_limit(task: Any, task_id: str, args: Any, kwargs: Any,
     """End the running lease of ``task_id`` after Celery's hard time limit; True if done.
 
     The child is still running (the pool terminates it after ``task_failure``), so the row
-    still names it; the write is fenced on that owner and token.
+    still names it; the write is fenced on that owner and token, and made by a completion of
+    the child's lease like any other end (its verdict, its signals, its limit group handed
+    on). The hold time it reports starts here: this process never held the lease.
     """
     settings = task.lease_settings
     key = resolve_key(task.lease_key, task.run, tuple(args or ()), dict(kwargs or {}),
@@ -44,15 +50,16 @@ def end_after_hard_time_limit(task: Any, task_id: str, args: Any, kwargs: Any,
     if (record is None or record.state is not LeaseState.RUNNING or record.owner is None
             or record.task_id != task_id):
         return False
-    lease = Lease(key, record.owner, record.token, record.expires_at or 0.0)
+    lease = Lease(key, record.owner, record.token, record.expires_at or 0.0,
+                  fence=record.fence, attempts=record.attempts, takeovers=record.takeovers)
+    completion = Completion(task, Execution(lease, store=store, ttl=settings.ttl,
+                                            heartbeat_interval=settings.heartbeat_interval,
+                                            sent_at=time.monotonic(), task=task))
     limit = exc.args[0] if exc.args else "?"
     reason = f"hard time limit exceeded ({limit}s): {exc!r}"
     if not settings.retry_time_limits:
-        ended = store.kill(lease, reason=reason)
-        if ended:
-            logger.error("lease %s is dead: %s", key, reason)
-        return ended
-    ended = store.release(lease, reason=reason)
+        return bool(completion.kill(reason, settle_within=None, error=stored_failure(exc)))
+    ended = bool(completion.release(reason))
     if ended and record.task is not None:
         # As recovered work, ahead of new work; if this fails, the sweeper re-publishes it.
         republish(task.app, record.task, recovery=True)

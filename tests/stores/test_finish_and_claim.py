@@ -22,7 +22,8 @@ def test_the_finish_lands_and_the_next_key_is_claimed(stores: list[Store]) -> No
     key is claimed with a new key's first token (1; on Redis the epoch's floor + 1, as the
     first key's), in one call."""
     store = stores[0]
-    first = store.claim("carry:1", owner="w", ttl=TTL, task={"options": {"task_id": "t1"}})
+    first = store.claim("carry:1", owner="w", ttl=TTL,
+                        task={"options": {"task_id": "t1"}, "context": "c1"})
     assert first is not None
     accepted, second = store.finish_and_claim(first, {"pages": 3}, "carry:2", owner="w",
                                               ttl=TTL, task={"options": {"task_id": "t2"}})
@@ -33,7 +34,8 @@ def test_the_finish_lands_and_the_next_key_is_claimed(stores: list[Store]) -> No
     assert done is not None
     assert (done.state, done.result, done.settling, done.token) == (
         LeaseState.DONE, {"pages": 3}, False, first.token)
-    assert done.task == {"options": {"task_id": "t1"}}  # a settled row keeps its task id only
+    # A settled row keeps its task id and context only.
+    assert done.task == {"options": {"task_id": "t1"}, "context": "c1"}
     running = store.get("carry:2")
     assert running is not None and running.state is LeaseState.RUNNING
     history = [entry.event for entry in store.history("carry:1")]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from lease_celery.checks import encode_checkpoint
-from lease_celery.errors import CheckpointNotSerializable, LeaseLost
+from lease_celery.errors import CheckpointNotSerializable, LeaseLost, ResultNotSerializable
 from lease_celery.models import Lease, LeaseState
 from lease_celery.runtime.execution import Execution
 from lease_celery.runtime.handle import LeaseHandle
@@ -54,6 +54,23 @@ def test_a_dead_key_keeps_its_checkpoint_for_the_requeue(store: Store) -> None:
     assert store.requeue("k", reason="again") is not None
     again = store.claim("k", owner="w2", ttl=10, task=TASK)
     assert again is not None and store.get("k").checkpoint == [1, "two"]  # type: ignore[union-attr]
+
+
+def test_a_dead_row_keeps_the_error_it_died_of_and_only_that_one(store: Store) -> None:
+    """``kill(error=...)``: the failure as Celery stores it is the dead row's result (a
+    duplicate answered with the outcome fails with it); a later death with no error of its
+    own (a requeue, then a policy's kill) does not show the earlier one."""
+    error = {"exc_type": "RuntimeError", "exc_message": ["boom"], "exc_module": "builtins"}
+    lease = store.claim("k", owner="w1", ttl=10, task=TASK)
+    assert lease is not None and store.kill(lease, reason="RuntimeError('boom')", error=error)
+    assert store.get("k").result == error  # type: ignore[union-attr]
+    assert store.requeue("k", reason="again") is not None
+    again = store.claim("k", owner="w2", ttl=10, task=TASK)
+    assert again is not None and store.kill(again, reason="too many takeovers")
+    record = store.get("k")
+    assert record is not None and (record.state, record.result) == (LeaseState.DEAD, None)
+    with pytest.raises(ResultNotSerializable):
+        store.kill(again, reason="x", error={1, 2})
 
 
 def test_non_json_checkpoints_are_refused_with_a_clear_error() -> None:

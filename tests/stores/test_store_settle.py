@@ -254,3 +254,23 @@ def test_a_settled_redis_row_is_kept_in_the_compact_encoding(redis_store_url: st
             assert record.task == {"options": {"task_id": "t-1"}}  # only the id is kept
             assert (record.state, record.token, record.settling) == (
                 LeaseState.DONE, token_base(store) + 1, False)
+
+
+@pytest.mark.parametrize("settle_within", [None, 5.0])
+def test_a_settled_done_row_keeps_its_delivery_context(store: Store,
+                                                       settle_within: float | None) -> None:
+    """Of its task info a settled done row keeps the task id and the delivery's context: a
+    delivery of the same id in the same context is a copy of the one that ran (dropped), one
+    in another context is the same frozen signature applied elsewhere (answered)."""
+    task = {**TASK, "context": "c0ffee"}
+    for key, settle_many in (("by-settle", False), ("by-settle-many", True)):
+        lease = store.claim(key, owner="w", ttl=10, task=task)
+        assert lease is not None
+        assert store.finish(lease, {"n": 1}, settle_within=settle_within)
+        if settle_within is not None:
+            assert (store.settle_many([lease]) == [True] if settle_many
+                    else store.settle(lease))
+        record = store.get(key)
+        assert record is not None and record.state is LeaseState.DONE and not record.settling
+        assert record.task == {"options": {"task_id": "t-1"}, "context": "c0ffee"}
+        assert (record.task_id, record.context) == ("t-1", "c0ffee")

@@ -86,3 +86,10 @@ def fails(self: LeasedTask, job_id: str) -> None:
     """Raise at once (keyed by task id)."""
     _start(self, job_id)
     raise RuntimeError(f"failure of {job_id}")
+
+
+@app.task(base=LeasedTask, bind=True)
+def once(self: LeasedTask, job_id: str) -> str:
+    """Return a value naming ``job_id`` (keyed by task id): journals each run."""
+    _start(self, job_id)
+    return f"done {job_id}"

@@ -131,11 +131,14 @@ def _journal_signal(name: str) -> None:
         fields.pop("record", None)
         record(name, key=key, token=getattr(lease, "token", None), **fields)
 
-    getattr(lease_celery.signals, name).connect(receiver, weak=False)
+    # One receiver per signal however often this module is imported (a worker imports it as
+    # its app and again through its tasks' modules).
+    getattr(lease_celery.signals, name).connect(receiver, weak=False,
+                                                dispatch_uid=f"tests.journal.{name}")
 
 
 for _name in ("lease_acquired", "lease_lost", "duplicate_deferred", "duplicate_ignored",
-              "stale_result_rejected", "lease_released"):
+              "stale_result_rejected", "lease_released", "lease_dead"):
     _journal_signal(_name)
 
 

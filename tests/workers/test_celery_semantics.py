@@ -18,7 +18,7 @@ import uuid
 import pytest
 from celery import chain, chord
 
-from lease_celery import LeaseState
+from lease_celery import LeaseState, open_store
 from tests.support.policy_helpers import get_record, wait_until
 from tests.support.workers import WorkerPool
 
@@ -145,6 +145,14 @@ def test_replace_hands_the_key_on_without_counting_an_attempt(workers: WorkerPoo
     assert [r["attempts"] for r in runs] == [1, 1, 1, 1, 1]
     record = get_record(workers.store_url, result.id)
     assert record is not None and record.state is LeaseState.DONE and record.attempts == 1
+    # A late copy of the first message (a broker's redelivery) comes from the same place as
+    # the replacements, which keep its context: dropped, not answered with its callbacks.
+    workers.client.send_task(f"{TASKS}.replaced", args=(job, 4), task_id=result.id)
+    wait_until(lambda: workers.journal.events("duplicate_ignored", key=result.id), timeout=15,
+               what="the copy dropped")
+    with open_store(workers.store_url) as store:
+        assert store.find(prefix=f"{result.id}#answer") == []
+    assert len(_runs(workers, job)) == 5
 
 
 def test_a_chord_whose_header_chain_fails_calls_its_errback_once(workers: WorkerPool) -> None:
@@ -167,4 +175,52 @@ def test_a_chord_whose_header_chain_fails_calls_its_errback_once(workers: Worker
                what="the chord's errback")
     time.sleep(1.5)  # a second errback, or a retry of the failed task, would come by now
     assert len(workers.journal.events("errback", tag=job)) == 1
+    assert len(_runs(workers, job)) == 1
+
+
+def test_a_frozen_signature_applied_in_a_second_chain_is_answered_there(
+        workers: WorkerPool) -> None:
+    """A signature frozen once (its task id fixed) and applied in two chains, keyed by its id:
+    plain Celery runs it in each, and each chain goes on. Leased, its body runs once (one
+    accepted outcome per key); the second chain, a new context for the same id, gets that
+    outcome and goes on (a broker's redelivery of the *same* message is still dropped)."""
+    workers.start("a", concurrency=2)
+    job = _job()
+    client = workers.client
+    shared = client.signature(f"{TASKS}.once", args=(job,), immutable=True)
+    shared.freeze()
+    first = chain(shared, client.signature(f"{TASKS}.identity")).apply_async()
+    assert first.get(timeout=30) == f"done {job}"
+    second = chain(client.signature(f"{TASKS}.identity", args=(1,), immutable=True), shared,
+                   client.signature(f"{TASKS}.identity")).apply_async()
+    assert second.get(timeout=30) == f"done {job}"
+    assert len(_runs(workers, job)) == 1
+
+
+def test_a_frozen_failing_signature_in_a_second_chord_fails_it_with_its_error(
+        workers: WorkerPool) -> None:
+    """Celery's ``test_mutable_errback_called_by_chord_from_chain``: one chain of frozen
+    signatures is a chord's header, then another chord's body. The failing task runs once;
+    the second chord fails with the task's own error (not ``LeaseDead``) and calls its own
+    errback for the failing task."""
+    workers.start("a", concurrency=2)
+    job = _job()
+    client = workers.client
+    failing = client.signature(f"{TASKS}.fails", args=(job,), immutable=True)
+    failing_id = failing.freeze().id
+    header = chain(client.signature(f"{TASKS}.identity", args=(42,), immutable=True), failing,
+                   client.signature(f"{TASKS}.identity", args=(42,), immutable=True))
+    flow = chord((header,), client.signature(f"{TASKS}.identity"))
+    flow.link_error(client.signature(f"{TASKS}.errback_journal", args=(job,)))
+    with pytest.raises(RuntimeError, match=f"failure of {job}"):
+        flow.apply_async().get(timeout=30)
+    wait_until(lambda: workers.journal.events("errback", tag=job), timeout=15,
+               what="the first chord's errback")
+    again = chord((client.signature(f"{TASKS}.identity", args=(42,), immutable=True),), header)
+    again.link_error(client.signature(f"{TASKS}.errback_journal", args=(f"{job}-2",)))
+    with pytest.raises(RuntimeError, match=f"failure of {job}"):
+        again.apply_async().get(timeout=30)
+    wait_until(lambda: [e for e in workers.journal.events("errback", tag=f"{job}-2")
+                        if e["task_id"] == failing_id],
+               timeout=15, what="the second chord's errback, for the failing task")
     assert len(_runs(workers, job)) == 1

@@ -319,6 +319,10 @@ def test_hard_time_limit_fails_the_task_and_the_key_stays_dead(workers: WorkerPo
         f"the result backend says FAILURE (TimeLimitExceeded), the row: {_describe(record)}")
     reason = record.reason or ""
     assert "time limit" in reason.lower() or "TimeLimitExceeded" in reason, reason
+    # The verdict is the completion's, as for any death: its signal, once (from the worker's
+    # main process), and the failure a duplicate is answered with.
+    assert [e["key"] for e in workers.journal.events("lease_dead", key=key)] == [key]
+    assert isinstance(record.result, dict) and record.result["exc_type"] == "TimeLimitExceeded"
     time.sleep(3.0)  # a few ttls: a sweeper or a redelivery would run it again now
     assert len(workers.journal.events("body_start", job_id=job)) == 1
     record = _record(workers.store_url, key)

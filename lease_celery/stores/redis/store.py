@@ -466,8 +466,9 @@ class RedisStore(Store):
         return self._fenced_write(lease, LeaseState.READY, reason=reason, delay=delay,
                                   task=task, counted=counted)
 
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None) -> bool:
-        return self._fenced_write(lease, LeaseState.DEAD, reason=reason,
+    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
+              error: str | None) -> bool:
+        return self._fenced_write(lease, LeaseState.DEAD, result=error or "", reason=reason,
                                   settle_within=settle_within)
 
     def _checkpoint(self, lease: Lease, data: str) -> bool:
@@ -795,8 +796,8 @@ def _lease_row(key: str, fields: dict[str, str]) -> Row | None:
         return None
     row: dict[str, Any] = {**fields, "key": key}
     if "task" not in row and "task_id" in row:
-        # A settled done row keeps only its task id (drop_task in prelude.lua).
-        row["task"] = task_id_only(row["task_id"])
+        # A settled done row keeps only its task id and context (drop_task in prelude.lua).
+        row["task"] = task_id_only(row["task_id"], row.get("context"))
     return row
 
 

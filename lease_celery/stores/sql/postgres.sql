@@ -561,9 +561,9 @@ SET state = 'done', result = %(result)s, updated_at = clock.now, reason = NULL,
     expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
     sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL
                       THEN NULL ELSE clock.now + %(settle_within)s::double precision END,
-    -- settled at once: keep only the task id (a duplicate under another id is answered)
+    -- settled at once: keep only the task id and context (lease_celery.execution.answers)
     task       = CASE WHEN %(settle_within)s::double precision IS NULL AND l.task IS NOT NULL
-                      THEN jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'))::text ELSE l.task END
+                      THEN jsonb_strip_nulls(jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'), 'context', l.task::jsonb -> 'context'))::text ELSE l.task END
 FROM clock
 WHERE l.key = %(key)s AND l.state = 'running' AND l.owner = %(owner)s AND l.token = %(token)s
   AND l.expires_at > COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision)
@@ -575,8 +575,8 @@ RETURNING l.token
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
 SET settling = false, sweep_at = NULL, updated_at = clock.now,
-    -- a settled done row keeps only its task id (a duplicate under another id is answered)
-    task = CASE WHEN l.state = 'done' AND l.task IS NOT NULL THEN jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'))::text ELSE l.task END
+    -- a settled done row keeps only its task id and context (lease_celery.execution.answers)
+    task = CASE WHEN l.state = 'done' AND l.task IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object('options', jsonb_build_object('task_id', l.task::jsonb #>> '{options,task_id}'), 'context', l.task::jsonb -> 'context'))::text ELSE l.task END
 FROM clock, unnest(%(keys)s::text[], %(owners)s::text[], %(tokens)s::bigint[])
      AS c(key, owner, token)
 WHERE l.key = c.key AND l.settling AND l.owner = c.owner AND l.token = c.token
@@ -634,9 +634,10 @@ RETURNING l.token
 -- name: kill
 -- The current holder gives up for good: dead until a person requeues it. The task info stays
 -- (requeue re-publishes it); with %(settle_within)s the owner settles the failure like a finish.
+-- %(error)s, the exception as Celery stores it, is the outcome a duplicate is answered with.
 WITH clock AS (SELECT COALESCE(%(now)s::double precision, extract(epoch FROM clock_timestamp())::double precision) AS now)
 UPDATE {schema}.lease_celery_leases AS l
-SET state = 'dead', updated_at = clock.now, reason = %(reason)s,
+SET state = 'dead', updated_at = clock.now, reason = %(reason)s, result = %(error)s,
     settling   = %(settle_within)s::double precision IS NOT NULL,
     expires_at = clock.now + COALESCE(%(settle_within)s::double precision, 0),
     sweep_at   = CASE WHEN %(settle_within)s::double precision IS NULL OR l.task IS NULL

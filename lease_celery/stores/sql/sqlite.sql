@@ -432,9 +432,9 @@ SET state = 'done', result = :result, updated_at = :now, reason = NULL,
     expires_at = COALESCE(:settle_deadline, :now),
     sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL
                       ELSE :settle_deadline END,
-    -- settled at once: keep only the task id (a duplicate under another id is answered)
+    -- settled at once: keep only the task id and context (lease_celery.execution.answers)
     task       = CASE WHEN :settle_deadline IS NULL AND task IS NOT NULL
-                      THEN json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))) ELSE task END
+                      THEN json_patch(json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))), json_object('context', json_extract(task, '$.context'))) ELSE task END
 WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
   AND expires_at > :now
 
@@ -443,8 +443,8 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
 -- phase ends, and a done row no longer needs the task it would have been re-published with.
 UPDATE lease_celery_leases
 SET settling = 0, sweep_at = NULL, updated_at = :now,
-    -- a settled done row keeps only its task id (a duplicate under another id is answered)
-    task = CASE WHEN state = 'done' AND task IS NOT NULL THEN json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))) ELSE task END
+    -- a settled done row keeps only its task id and context (lease_celery.execution.answers)
+    task = CASE WHEN state = 'done' AND task IS NOT NULL THEN json_patch(json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))), json_object('context', json_extract(task, '$.context'))) ELSE task END
 WHERE key = :key AND settling = 1 AND owner = :owner AND token = :token
 
 -- name: claim_settlement
@@ -473,8 +473,9 @@ WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
 -- name: kill
 -- The current holder gives up for good: dead until a person requeues it. The task info stays
 -- (requeue re-publishes it); with :settle_deadline the owner settles the failure like a finish.
+-- :error, the exception as Celery stores it, is the outcome a duplicate is answered with.
 UPDATE lease_celery_leases
-SET state = 'dead', updated_at = :now, reason = :reason,
+SET state = 'dead', updated_at = :now, reason = :reason, result = :error,
     settling   = :settle_deadline IS NOT NULL,
     expires_at = COALESCE(:settle_deadline, :now),
     sweep_at   = CASE WHEN :settle_deadline IS NULL OR task IS NULL THEN NULL

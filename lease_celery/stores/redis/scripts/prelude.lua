@@ -107,28 +107,30 @@ local function index_effect(hash, old, new, updated_at)
   if old and old ~= new then redis.call('ZREM', effect_index(old), hash) end
   if new then redis.call('ZADD', effect_index(new), updated_at, hash) end
 end
--- A settled done row needs its task info no more, but keeps the task id (field task_id, short
--- enough for the compact encoding): a duplicate under another task id is answered, one under
--- the same id dropped (lease_celery.answers). The hash is written anew without the task info:
--- Redis never turns a hash back into its compact encoding (listpack) once a long value (the
--- task info) made it a hashtable, and a settled row would keep more than twice the memory it
--- needs for as long as it is kept. (One read and one write, whatever the fields.)
+-- A settled done row needs its task info no more, but keeps the task id and the delivery's
+-- context (fields task_id and context, short enough for the compact encoding): a delivery of
+-- the same id in the same context is dropped, any other answered (lease_celery.answers). The
+-- hash is written anew without the task info: Redis never turns a hash back into its compact
+-- encoding (listpack) once a long value (the task info) made it a hashtable, and a settled
+-- row would keep more than twice the memory it needs for as long as it is kept. (One read and
+-- one write, whatever the fields.)
 local function drop_task(hash)
   local fields = redis.call('HGETALL', hash)
-  local task_id = nil
+  local task_id, context = nil, nil
   for i = 1, #fields, 2 do
     if fields[i] == 'task' then
       local ok, info = pcall(cjson.decode, fields[i + 1])
       local options = ok and type(info) == 'table' and info.options
       if type(options) == 'table' and type(options.task_id) == 'string' then
         task_id = options.task_id
+        if type(info.context) == 'string' then context = info.context end
       end
     end
   end
   local kept = {}
   for i = 1, #fields, 2 do
     local name = fields[i]
-    if name ~= 'task' and not (task_id and name == 'task_id') then
+    if name ~= 'task' and not (task_id and (name == 'task_id' or name == 'context')) then
       kept[#kept + 1] = name
       kept[#kept + 1] = fields[i + 1]
     end
@@ -136,6 +138,10 @@ local function drop_task(hash)
   if task_id then
     kept[#kept + 1] = 'task_id'
     kept[#kept + 1] = task_id
+  end
+  if context then
+    kept[#kept + 1] = 'context'
+    kept[#kept + 1] = context
   end
   redis.call('DEL', hash)
   if #kept > 0 then redis.call('HSET', hash, unpack(kept)) end
@@ -205,7 +211,8 @@ local function write_fenced(hash, index, t, by_owner, by_token, new_state, resul
   local set = {'state', new_state, 'updated_at', fmt(t)}
   local gone = {'swept_by'}
   if new_state == 'done' then gone[#gone + 1] = 'checkpoint'; gone[#gone + 1] = 'cancel' end
-  if result ~= '' then set[#set + 1] = 'result'; set[#set + 1] = result end
+  if result ~= '' then set[#set + 1] = 'result'; set[#set + 1] = result
+  elseif new_state == 'dead' then gone[#gone + 1] = 'result' end  -- never an earlier failure's
   if reason ~= '' then set[#set + 1] = 'reason'; set[#set + 1] = reason
   else gone[#gone + 1] = 'reason' end
   local expires_at, watch_at = fmt(t), nil
@@ -258,7 +265,7 @@ local function claim_lease(lease_hash, counter, fence_key, index, owner, ttl, ta
   local set = {'state', 'running', 'owner', owner, 'token', int(token), 'expires_at', deadline,
                'updated_at', fmt(t), 'fence', int(fence), 'nonce', nonce,
                'attempts', attempts, 'takeovers', takeovers}
-  local gone = {'result', 'not_before', 'settling', 'swept_by', 'eta', 'task_id'}
+  local gone = {'result', 'not_before', 'settling', 'swept_by', 'eta', 'task_id', 'context'}
   if task ~= '' then set[#set + 1] = 'task'; set[#set + 1] = task
   else gone[#gone + 1] = 'task' end  -- never a previous delivery's
   if grp then
