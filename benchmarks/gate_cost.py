@@ -240,7 +240,7 @@ def _clean_up(urls: dict[str, str], run: str) -> None:
 
     # The last finishes behind the return wait for a claim that will not come: written now,
     # before the stores close (a write after the drop below would make the schema again).
-    Heartbeat.for_process().flush_background(5.0)
+    Heartbeat.for_process().writes.flush(5.0)
     for url in urls.values():
         shared_store(url).close()
     if "postgres" in urls:

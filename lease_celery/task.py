@@ -322,7 +322,7 @@ class LeasedTask(AttemptEnding):
             lease: Lease | LimitRefused | None
             # A previous delivery's finish behind its return, carried in this claim's own
             # transaction (execution.background): one commit for both.
-            carried = None if limit is not None else heartbeat.take_carried(store)
+            carried = None if limit is not None else heartbeat.writes.take_carried(store)
             try:
                 if isinstance(carried, CarriedFinish):
                     lease = self._claim_carrying(store, carried, key, owner, settings.ttl,

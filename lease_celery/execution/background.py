@@ -75,12 +75,12 @@ class CarriedFinish:
             _verdict(self.task, self.handle, accepted)
         finally:
             self.task.request_stack.pop()
-            self._heartbeat.carried(self.handle)
+            self._heartbeat.writes.carried(self.handle)
 
     def give_back(self) -> None:
         """The claim could not make it (the store failed): a sender writes it alone now."""
-        self._heartbeat.carried(self.handle)
-        self._heartbeat.in_background(self.handle, self._write)
+        self._heartbeat.writes.carried(self.handle)
+        self._heartbeat.writes.queue(self.handle, self._write)
 
 
 def finish_in_background(task: Any, handle: Execution, result: Any,
@@ -103,10 +103,10 @@ def finish_in_background(task: Any, handle: Execution, result: Any,
             task.request_stack.pop()
 
     if not carried:
-        heartbeat.in_background(handle, write)
+        heartbeat.writes.queue(handle, write)
         return
     carry = CarriedFinish(task, handle, encoded, request, heartbeat, write)
-    heartbeat.in_background(handle, write, carry=carry, within=CARRY_WITHIN)
+    heartbeat.writes.queue(handle, write, carry=carry, within=CARRY_WITHIN)
 
 
 def _finish(task: Any, handle: Execution, encoded: EncodedResult,

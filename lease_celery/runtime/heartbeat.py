@@ -1,4 +1,4 @@
-"""One renewal thread per worker process, renewing every held lease in batches.
+"""The renewer: one thread per worker process, renewing every held lease in batches.
 
 Started lazily by the first claim in a process, so under prefork it lives in the child that
 runs the tasks, never in the parent before fork. A refused renewal marks the handle lost at
@@ -8,13 +8,10 @@ then the handle is marked lost too: the heartbeat never assumes it still holds a
 It also renews a claim whose reply its task has not read yet (``claiming``, claims.py: under
 green pools a busy neighbour can hold that reply past the ttl).
 
-It also writes what the task's own path need not wait for: a fire-and-forget task's finish
-(``background``; first offered to this process's next claim on the same store, which carries
-it in its own transaction, and written here only if no claim took it in time), and the
-confirmations that end settle phases: once Celery stored a task's
-outcome, the owner's confirmation is queued here and sent in batches (``settle_many``), so the
-task's own path pays no extra round trip. Until then the settling lease is renewed like a
-running one, so a slow result backend does not look like a dead owner.
+Its thread also keeps the appointments of two queues it does not own: the writes behind a
+task's return (``writes_behind``: a fire-and-forget finish, carried by the next claim or sent
+alone) and the settle confirmations (``confirmations``). It renews a settling or confirming
+lease like a running one, so a slow result backend does not look like a dead owner.
 
 Its store calls are made by the sender pool (``senders``): the scheduling thread never waits
 on a store. At shutdown it hands the leases still held to the worker (``abandon``), which
@@ -37,8 +34,10 @@ from ..errors import LeaseError
 from ..stores.base import Store
 from . import green
 from .claims import InFlight, running_lease
+from .confirmations import Confirmations
 from .execution import Execution, Phase
 from .senders import SenderPool
+from .writes_behind import WritesBehind
 
 __all__ = ["Heartbeat"]
 
@@ -46,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: How soon a renewal is tried again after the store failed to answer.
 RETRY_AFTER_ERROR = 0.5
+
+
 class Heartbeat:
     _instance: Heartbeat | None = None
     # Only task code takes this one, never the heartbeat's own threads: under green pools it
@@ -71,8 +72,6 @@ class Heartbeat:
         # The executions it renews, each with when its next renewal is due (monotonic).
         self._handles: dict[Execution, float] = {}
         self._claims: set[InFlight] = set()  # claims sent whose reply is not read yet
-        self._to_settle: list[Execution] = []
-        self._settle_after = 0.0  # monotonic time before which a failed settle is not retried
         self._sleeping_until = -math.inf  # when the waiting thread wakes by itself
         # Under green pools (-P gevent|eventlet) the threads below are real OS threads, so that
         # a body that never yields cannot stop the renewals, and what they share with task code
@@ -81,29 +80,13 @@ class Heartbeat:
         self._green = green.active() is not None
         self._wake: threading.Condition | green.Condition = (
             green.Condition() if self._green else threading.Condition())
-        # Background writes (a finish behind the task's return), by handle: queued ones until a
-        # sender takes them, and the handles whose write a sender is making now. A process that
-        # is going sends the queued ones itself and waits for the others (flush_background).
-        self._queued: dict[Execution, Callable[[], None]] = {}
-        self._in_flight: set[Execution] = set()
-        # Queued writes that the next claim on their store may carry (take_carried), each
-        # with the instant it goes to a sender if none has, its store and what the claim needs.
-        self._carriable: dict[Execution, tuple[float, Store, object]] = {}
-        # Threads in flush_background waiting for in-flight writes. Only they need to hear
-        # that one ended: the scheduling thread waits on the same condition, and waking it
-        # for every finish (twice per task when the next claim carries it) cost a wake-up
-        # per task that it spent finding nothing to do.
-        self._flushing = 0
-        # When the scheduling thread looks at the queued writes next because one fell due
-        # (in_background woke it for that one): it keeps that appointment even if a claim
-        # carries the write first. Woken for each finish instead, it would find the next claim
-        # had already carried it by the time it ran, sleep until the next renewal, and be
-        # woken again by the next task's finish: a wake-up per task. So the finishes queued
-        # before that instant wake nobody, and the thread wakes about once per ``within``
-        # while finishes come, twice for one that comes alone.
-        self._carry_check_at = math.inf
         # Store calls wait for a sender thread: the scheduling thread never blocks on a store.
         self._senders = SenderPool()
+        #: The writes behind tasks' returns, and the settle confirmations: this thread keeps
+        #: their appointments (``_due``), the senders make their store calls.
+        self.writes = WritesBehind(self._wake, self._enqueue, in_line=self._green,
+                                   sleeping_until=lambda: self._sleeping_until)
+        self.confirmations = Confirmations(self._wake, self.unwatch)
         self._thread = green.start_thread(self._run, name="lease-heartbeat")
 
     @property
@@ -154,107 +137,7 @@ class Heartbeat:
         handle.enter(Phase.CONFIRMING)
         with self._wake:
             self._handles.setdefault(handle, time.monotonic() + handle.heartbeat_interval)
-            self._to_settle.append(handle)
-            if len(self._to_settle) == 1:  # later ones join the batch the thread will send
-                self._wake.notify()
-
-    def in_background(self, handle: Execution, write: Callable[[], None], *,
-                      carry: object = None, within: float = 0.0) -> None:
-        """Make ``write`` (the handle's last store call) on a sender thread, soon. The handle
-        stays watched until ``write`` unwatches it: a write that waits behind slow store calls
-        keeps its lease alive meanwhile. A renewal refused once the write is queued means
-        nothing (the write itself says whether the lease was still current).
-
-        With ``carry``, the write waits up to ``within`` seconds for this process's next claim
-        on the handle's store to take it (``take_carried``: ``carry`` is what that claim needs
-        to make the write itself); only then does a sender make it. A busy process thus
-        writes each finish in the next claim's transaction, and the scheduling thread wakes
-        about once per ``within``, not once per finish.
-
-        Under green pools the write is made here, in the task's greenlet, before it returns:
-        on a sender (a real OS thread) it would use the store the tasks share, which is not
-        safe across OS threads there (lease_celery/green.py). Other greenlets run meanwhile."""
-        handle.enter(Phase.FINISHING)
-        if self._green:
-            try:
-                write()
-            except Exception:
-                logger.exception("lease background write failed")
-            return
-        with self._wake:
-            self._queued[handle] = write
-            if carry is not None and within > 0:
-                due = time.monotonic() + within
-                self._carriable[handle] = (due, handle.store, carry)
-                if due < self._sleeping_until:
-                    self._carry_check_at = min(self._carry_check_at, due)
-                    self._wake.notify()
-                return
-        self._enqueue(functools.partial(self._write_queued, handle))
-
-    def take_carried(self, store: Store) -> object | None:
-        """What the oldest queued write that a claim on ``store`` may carry handed to
-        ``in_background`` (``carry``), now the caller's to make (end it with ``carried``), or
-        None. Taken at most once: by one claim, or by the sender it went to when nobody took
-        it in time, or by a process flushing its writes."""
-        with self._wake:
-            for handle, (_, owner_store, carry) in self._carriable.items():
-                if owner_store is not store:
-                    continue
-                del self._carriable[handle]
-                if self._queued.pop(handle, None) is None:
-                    return None  # flushed meanwhile (the process is going)
-                self._in_flight.add(handle)
-                return carry
-        return None
-
-    def carried(self, handle: Execution) -> None:
-        """A claim made (or gave back) the write it took with ``take_carried``."""
-        self._written(handle)
-
-    def _written(self, handle: Execution) -> None:
-        with self._wake:
-            self._in_flight.discard(handle)
-            if self._flushing:
-                self._wake.notify_all()
-
-    def _write_queued(self, handle: Execution) -> None:
-        with self._wake:
-            write = self._queued.pop(handle, None)
-            if write is None:
-                return  # the process flushed it itself
-            self._in_flight.add(handle)
-        try:
-            write()
-        finally:
-            self._written(handle)
-
-    def flush_background(self, timeout: float) -> None:
-        """Make the queued background writes now, in the calling thread, and wait up to
-        ``timeout`` seconds for those a sender is making (the process is going)."""
-        with self._wake:
-            queued = list(self._queued.values())
-            self._queued.clear()
-            self._carriable.clear()
-        for write in queued:
-            try:
-                write()
-            except Exception:
-                logger.exception("lease background write failed")
-        deadline = time.monotonic() + timeout
-        with self._wake:
-            self._flushing += 1
-            try:
-                while self._in_flight and time.monotonic() < deadline:
-                    self._wake.wait(deadline - time.monotonic())
-            finally:
-                self._flushing -= 1
-
-    def flush_settles(self) -> None:
-        """Send the queued confirmations now, in the calling thread (the process is going)."""
-        with self._wake:
-            pending, self._to_settle = self._to_settle, []
-        self._send_settles(pending)
+        self.confirmations.add(handle)
 
     def close_thread_stores(self, timeout: float) -> None:
         """Under green pools, have each sender close its own copies of the stores (the
@@ -279,7 +162,7 @@ class Heartbeat:
         """Stop renewing every lease still held for work in hand (the process is going away)
         and return them, for the caller to give back. A lease whose finish is being written
         behind the return is finishing, not abandoned; one whose confirmation is on its way
-        is done (``flush_settles`` sends it)."""
+        is done (``confirmations`` sends it)."""
         with self._wake:
             held = [h for h in self._handles
                     if h.phase not in (Phase.FINISHING, Phase.CONFIRMING)]
@@ -294,13 +177,8 @@ class Heartbeat:
         with self._wake:
             while True:
                 now = time.monotonic()
-                uncarried = [h for h, (due, _, _) in self._carriable.items() if due <= now]
-                for handle in uncarried:
-                    del self._carriable[handle]
-                    self._enqueue(functools.partial(self._write_queued, handle))
-                settles: list[Execution] = []
-                if self._to_settle and now >= self._settle_after:
-                    settles, self._to_settle = self._to_settle, []
+                self.writes.fall_due(now)
+                settles = self.confirmations.take_due(now)
                 claims = [c for c in self._claims if c.next_renewal_at <= now]
                 if settles or claims or any(at <= now for at in self._handles.values()):
                     # Some lease is due: renew with it every lease due within half its
@@ -312,46 +190,11 @@ class Heartbeat:
                     return due, settles, claims
                 wake_at = list(self._handles.values())
                 wake_at += [c.next_renewal_at for c in self._claims]
-                wake_at += [due for due, _, _ in self._carriable.values()]
-                if self._carry_check_at <= now:
-                    self._carry_check_at = math.inf  # kept (what fell due was handed on above)
-                elif self._carry_check_at < math.inf:
-                    wake_at.append(self._carry_check_at)
-                if self._to_settle:
-                    wake_at.append(self._settle_after)
+                wake_at += self.writes.wake_times(now)
+                wake_at += self.confirmations.wake_times()
                 self._sleeping_until = min(wake_at) if wake_at else math.inf
                 self._wake.wait(self._sleeping_until - now if wake_at else None)
                 self._sleeping_until = -math.inf
-
-    def _send_settles(self, handles: list[Execution]) -> None:
-        """Confirm settled outcomes, one round trip per store. A store that fails is asked
-        again shortly, until it answers: the confirmation is idempotent, and it is worth
-        sending even past the settle deadline (until a redelivery takes the settlement over,
-        the owner's confirmation is what keeps the outcome from being stored twice)."""
-        groups: dict[Store, list[Execution]] = defaultdict(list)
-        for handle in handles:
-            groups[handle.store].append(handle)
-        for store, group in groups.items():
-            try:
-                # This thread's own copy of the store under green pools (green.thread_store).
-                answers = green.thread_store(store).settle_many([h.lease for h in group])
-            except LeaseError as exc:
-                logger.warning("lease settle confirmation failed (%s); %d retried", exc,
-                               len(group))
-                with self._wake:
-                    self._to_settle += group
-                    self._settle_after = time.monotonic() + RETRY_AFTER_ERROR
-                    self._wake.notify()  # the scheduler recomputes when to wake
-                continue
-            for handle, settled in zip(group, answers, strict=True):
-                self.unwatch(handle)
-                if settled:
-                    signals.lease_settled.send(sender=handle.task, key=handle.key,
-                                               lease=handle.lease)
-                else:
-                    logger.warning("lease %s token %s: settle refused (completed by another "
-                                   "delivery after the settle deadline)", handle.key,
-                                   handle.token)
 
     def _run(self) -> None:
         while True:
@@ -369,7 +212,7 @@ class Heartbeat:
         """Wait for what falls due, and hand it to the senders."""
         due, settles, claims = self._due()
         if settles:
-            self._enqueue(functools.partial(self._send_settles, settles))
+            self._enqueue(functools.partial(self.confirmations.send, settles))
         if claims:
             self._schedule_adoption(claims)
         groups: dict[tuple[Store, float], list[Execution]] = defaultdict(list)

@@ -56,8 +56,8 @@ def release_held_leases(reason: str) -> int:
     def give_back() -> None:
         # Finishes written behind their task's return first: a lease released before its
         # accepted finish lands would run the task again.
-        heartbeat.flush_background(SHUTDOWN_RELEASE_TIMEOUT / 2)
-        heartbeat.flush_settles()
+        heartbeat.writes.flush(SHUTDOWN_RELEASE_TIMEOUT / 2)
+        heartbeat.confirmations.flush()
         history.flush()  # outcomes Celery stored: confirm them before going
         count = 0
         for execution in heartbeat.abandon():

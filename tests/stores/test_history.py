@@ -135,7 +135,7 @@ def test_a_runs_events_reach_the_history_and_are_printed_by_the_cli(sqlite_url: 
     _trace(app, job, "t-2", -1)
     from lease_celery.runtime.heartbeat import Heartbeat
 
-    Heartbeat.for_process().flush_background(5.0)
+    Heartbeat.for_process().writes.flush(5.0)
     history.flush()
     with open_store(sqlite_url) as store:
         ok = store.history("hist:1")

@@ -86,10 +86,10 @@ def test_a_subclass_after_return_cannot_skip_the_settle_confirmation() -> None:
         assert handle.phase is Phase.CONFIRMING and calls == ["RETRY", "SUCCESS"]
     finally:
         task.pop_request()
-    Heartbeat.for_process().flush_settles()
+    Heartbeat.for_process().confirmations.flush()
     assert store.settled == [lease]
     confirm_stored(handle, "SUCCESS")  # once only
-    Heartbeat.for_process().flush_settles()
+    Heartbeat.for_process().confirmations.flush()
     assert store.settled == [lease]
 
 
@@ -138,12 +138,12 @@ def _run_quiet_and_linked(app: Celery, quiet: Any, sqlite_url: str) -> None:
 
     with open_store(sqlite_url) as store:
         _trace(app, quiet, "t-quiet", (1,))
-        Heartbeat.for_process().flush_background(5.0)  # its finish is written behind the return
+        Heartbeat.for_process().writes.flush(5.0)  # its finish is written behind the return
         record = store.get("unit:1")
         assert record is not None and record.state.value == "done" and not record.settling
         link = app.signature("proj.callback")
         _trace(app, quiet, "t-linked", (2,), callbacks=[dict(link)])
-        Heartbeat.for_process().flush_settles()
+        Heartbeat.for_process().confirmations.flush()
         # (A sender thread may have taken the confirmation just before the flush, and still
         # be writing it: under load that took a moment, and the row was read before it.)
         record = wait_until(lambda: (found := store.get("unit:2")) is not None

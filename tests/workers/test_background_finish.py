@@ -173,7 +173,7 @@ def test_a_result_the_store_cannot_hold_fails_the_task_before_anything_is_queued
     app, quiet = _app(sqlite_url)
     traced = _trace(app, quiet, "t-set", 3, value={1, 2})
     assert isinstance(traced.retval.exception, ResultNotSerializable)
-    Heartbeat.for_process().flush_background(2.0)
+    Heartbeat.for_process().writes.flush(2.0)
     with open_store(sqlite_url) as store:
         record = store.get("bg:3")
     assert record is not None and record.state is not LeaseState.DONE
@@ -203,7 +203,7 @@ def test_a_background_finish_the_store_refuses_is_reported_stale(sqlite_url: str
     store.finish = finish_after_a_takeover  # type: ignore[method-assign]
     try:
         _trace(app, quiet, "t-stale", 4, value="late")
-        Heartbeat.for_process().flush_background(5.0)
+        Heartbeat.for_process().writes.flush(5.0)
         deadline = time.monotonic() + 5
         while not refused and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -244,7 +244,7 @@ def test_the_next_claim_carries_a_finish_behind_the_return(
     first = store.get("bg:11")
     assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
     assert finished[0] == ("bg:11", "t-first", threading.current_thread().name)
-    Heartbeat.for_process().flush_background(5.0)  # nothing comes after the second
+    Heartbeat.for_process().writes.flush(5.0)  # nothing comes after the second
     second = store.get("bg:12")
     assert second is not None and (second.state, second.result) == (LeaseState.DONE, "two")
 
@@ -272,7 +272,7 @@ def test_a_carried_finish_the_store_fails_is_written_by_a_sender(
     finally:
         del store.finish_and_claim
     assert failures == []  # the carrying claim was tried, and failed
-    Heartbeat.for_process().flush_background(5.0)  # nothing comes after the second
+    Heartbeat.for_process().writes.flush(5.0)  # nothing comes after the second
     first = _wait_done(sqlite_url, "bg:21")
     assert first is not None and (first.state, first.result) == (LeaseState.DONE, "one")
     assert _wait_done(sqlite_url, "bg:22") is not None
@@ -318,7 +318,7 @@ def test_carried_finishes_do_not_wake_the_scheduling_thread_for_each_task(
         _trace(app, quiet, f"t-{n}", 1000 + n)
     time.sleep(0.1)
     assert len(woken) <= 2, f"woken {len(woken)} times for 60 carried finishes"
-    heartbeat.flush_background(5.0)  # the last one, which no claim carries
+    heartbeat.writes.flush(5.0)  # the last one, which no claim carries
     record = shared_store(sqlite_url).get("bg:1059")
     assert record is not None and record.state is LeaseState.DONE
 
@@ -347,7 +347,7 @@ class _Lease:
 
 
 def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() -> None:
-    """Every sender busy (a slow store): a queued write is made by ``flush_background`` in the
+    """Every sender busy (a slow store): a queued write is made by ``writes.flush`` in the
     calling thread; when the senders come free they do not make it again."""
     heartbeat = Heartbeat()
     gate = threading.Event()
@@ -357,10 +357,10 @@ def test_a_going_process_makes_the_queued_writes_itself_and_each_happens_once() 
     handle = Execution(_Lease(), store=None, ttl=30, heartbeat_interval=10,  # type: ignore
                          sent_at=time.monotonic())
     made: list[str] = []
-    heartbeat.in_background(handle, lambda: made.append(threading.current_thread().name))
+    heartbeat.writes.queue(handle, lambda: made.append(threading.current_thread().name))
     time.sleep(0.1)
     assert made == []  # precondition: no sender could take it
-    heartbeat.flush_background(1.0)
+    heartbeat.writes.flush(1.0)
     assert made == [threading.current_thread().name]
     gate.set()
     time.sleep(0.2)
