@@ -1,7 +1,7 @@
 """Finishing behind the return: a fire-and-forget task's finish, off the task's own path.
 
 When Celery does nothing with a task's outcome (``ignore_result``, no callback, chain step or
-chord: ``AttemptEnding._settle_within`` is None), nothing after the body waits for the
+chord: ``Ending.settle_within`` is None), nothing after the body waits for the
 finish's verdict. Celery stores no result and sends nothing; the verdict changes only what the
 row says. So the finish is queued and the pool process takes its next task at once
 (``lease_finish_in_background``, ``settings.LeaseSettings.finish_mode``), in one of two ways:

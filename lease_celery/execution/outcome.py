@@ -7,7 +7,7 @@ its meaning: a ``Retry`` runs when Celery scheduled it, with its message; ``Reje
 task at once unless the task asks for retries. The lease adds only what it owns: a lost lease
 is never the task's failure, an operator's cancel ends the key, and the opt-in error retries
 (``lease_retry_errors``). ``decide`` reads nothing but its arguments, so the whole table is
-tested without a worker; ``attempts.AttemptEnding`` applies what it returns.
+tested without a worker; ``ending.Ending`` applies what it returns.
 """
 
 from __future__ import annotations
