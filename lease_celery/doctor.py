@@ -28,10 +28,9 @@ from .execution.recovery import (
 from .names import FIXES, name_problems
 from .settings import (
     LeaseSettings,
-    metrics_port,
+    check_app_settings,
     recovery_priority_setting,
     resolve_settings,
-    retention,
     sweep_grace,
     sweep_interval,
 )
@@ -98,12 +97,7 @@ def diagnose(app: Any, *, store_url: str | None = None,
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
             findings.append(_invalid(exc))
-    for app_setting in (sweep_grace, retention, sweep_interval, metrics_port,
-                        recovery_priority_setting):
-        try:
-            app_setting(app)
-        except LeaseError as exc:
-            findings.append(_invalid(exc))
+    findings += [_invalid(exc) for exc in check_app_settings(app)]
     longest = _longest_task(app, tasks)
     shortest_ttl = min((s.ttl for s in settings_by_task.values()), default=None)
     stores = ([store_url] if store_url else
@@ -189,6 +183,14 @@ def _invalid(exc: BaseException) -> Finding:
     fix = FIXES.get(name.group(1)) if name else None
     return Finding("settings.invalid", "error", "ownership",
                    message + (f" (fix: set {name.group(1)} to {fix})" if name and fix else ""))
+
+
+def _sweep_interval(app: Any) -> float | None:
+    """``lease_sweep_interval``, or None when it is refused (a settings.invalid finding)."""
+    try:
+        return sweep_interval(app)
+    except LeaseError:
+        return None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -402,7 +404,7 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings], stores: lis
                 "(use ttl/3 or less)"))
     for url in stores:
         found += _store(url)
-    if app.conf.get("lease_sweep_interval") == 0:
+    if _sweep_interval(app) == 0:
         found.append(Finding(
             "lease.sweeper_off", "warning", "ownership",
             "lease_sweep_interval=0 turns the workers' sweeper off: schedule the "
