@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from .checks import check_ttl
 from .errors import ConfigError, LeaseError
-from .limits import check_limit_value, parse_rate
+from .limits import check_concurrency, parse_rate
 from .stores.base import DEFAULT_SWEEP_GRACE
 from .stores.registry import store_class
 
@@ -108,7 +108,7 @@ def _flag_or_auto(value: Any, label: str, fix: str) -> bool | str:
 
 
 def _limit(value: Any, label: str, fix: str) -> int:
-    return check_limit_value(value, name=label)
+    return check_concurrency(value, name=label)
 
 
 def _rate(value: Any, label: str, fix: str) -> Any:

@@ -21,8 +21,8 @@ from ..checks import (
     cancel_reason,
     check_delay,
     check_key,
-    check_limit,
     check_owner,
+    check_page_size,
     check_ttl,
     decode_task,
     encode_result,
@@ -39,8 +39,8 @@ from ..limits import (
     LimitRefused,
     Rate,
     Waiter,
+    check_concurrency,
     check_group_limit,
-    check_limit_value,
     parse_rate,
 )
 from ..models import (
@@ -318,15 +318,16 @@ class Store(abc.ABC):
         finish, release or death freed a slot, right after its write, by the sweeper (a dead
         holder frees its slot by expiring), and after an operator raised a limit."""
         rows = self._hand_on(None if group is None else check_key(group),
-                             check_delay(grace, name="grace"), check_limit(limit))
+                             check_delay(grace, name="grace"), check_page_size(limit))
         return [Waiter(group=str(row["grp"]), key=str(row["key"]),
                        task=decode_task(row.get("task") or None), since=float(row["since"]))
                 for row in rows]
 
-    def set_limit(self, group: str, *, limit: int | bool | None = None,
+    def set_limit(self, group: str, *, concurrency: int | bool | None = None,
                   rate: Rate | str | bool | None = None, reset: bool = False) -> LimitGroup:
         """An operator's limit and rate for ``group``, overriding its tasks' until reset:
-        ``limit`` a number, or False to lift it (None: unchanged); ``rate`` as
+        ``concurrency`` (how many of the group may run at once) a number, or False to lift
+        it (None: unchanged); ``rate`` as
         ``lease_rate_limit`` takes it, or False to lift it; ``reset``: back to the tasks'
         own. Returns the group as it is now. Waiters a raised limit lets run are handed on by
         :meth:`hand_on` (``celery leases limit`` does it at once)."""
@@ -334,12 +335,12 @@ class Store(abc.ABC):
         changes: dict[str, Any] = {}
         if reset:
             changes.update(set_limit=None, set_rate=None, set_interval=None)
-        if limit is False:
+        if concurrency is False:
             changes["set_limit"] = 0
-        elif limit is not None and limit is not True:
-            changes["set_limit"] = check_limit_value(limit, name="limit")
-        elif limit is True:
-            raise ConfigError("limit must be a whole number >= 1, or False to lift it")
+        elif concurrency is not None and concurrency is not True:
+            changes["set_limit"] = check_concurrency(concurrency, name="concurrency limit")
+        elif concurrency is True:
+            raise ConfigError("concurrency limit must be a whole number >= 1, or False to lift it")
         if rate is False:
             changes.update(set_rate="", set_interval=0.0)
         elif rate is not None and rate is not True:
@@ -357,7 +358,7 @@ class Store(abc.ABC):
     def limits(self, *, limit: int = 100) -> list[LimitGroup]:
         """The groups the store knows (by name), each with its limit, rate, running and
         waiting counts now."""
-        return [_limit_group_of(row) for row in self._limits(None, check_limit(limit))]
+        return [_limit_group_of(row) for row in self._limits(None, check_page_size(limit))]
 
     def limit_group(self, group: str) -> LimitGroup | None:
         """One group as :meth:`limits` lists it, or None if the store never saw it."""
@@ -402,7 +403,7 @@ class Store(abc.ABC):
         most ``limit`` of them (None: all, in batches of ``PURGE_BATCH``, each its own short
         write); return how many. Tokens are retired: a key claimed again continues."""
         return self._purge_older_than(check_delay(seconds),
-                                      None if limit is None else check_limit(limit))
+                                      None if limit is None else check_page_size(limit))
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -415,7 +416,7 @@ class Store(abc.ABC):
              owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
         """Rows matching every given filter, most recently updated first."""
         rows = self._find(None if state is None else LeaseState(state), prefix, owner,
-                          check_limit(limit))
+                          check_page_size(limit))
         return [record_of(row) for row in rows]
 
     def stats(self) -> StoreStats:
@@ -451,7 +452,7 @@ class Store(abc.ABC):
         dies between its mark and its re-publish leaves a mark that expires: the row is
         returned again a grace period later. Reads only rows that are not terminal.
         """
-        keys = self._sweep_expired(check_limit(limit), check_delay(grace, name="grace"),
+        keys = self._sweep_expired(check_page_size(limit), check_delay(grace, name="grace"),
                                    uuid.uuid4().hex)
         return [record for key in keys if (record := self.get(key)) is not None]
 
@@ -477,7 +478,7 @@ class Store(abc.ABC):
 
     def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
         """The last ``limit`` events of ``key``, oldest first."""
-        return self._history(check_key(key), check_limit(limit))
+        return self._history(check_key(key), check_page_size(limit))
 
     def history_many(self, keys: Sequence[str], *,
                      limit: int = 100) -> dict[str, list[HistoryEntry]]:
@@ -486,19 +487,19 @@ class Store(abc.ABC):
         wanted = sorted({check_key(key) for key in keys})
         if not wanted:
             return {}
-        found = self._history_many(wanted, check_limit(limit))
+        found = self._history_many(wanted, check_page_size(limit))
         return {key: found.get(key, []) for key in wanted}
 
     def recent_history(self, *, events: Sequence[str] | None = None,
                        limit: int = 100) -> list[HistoryEntry]:
         """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
         return self._recent_history(None if events is None else list(events),
-                                    check_limit(limit))
+                                    check_page_size(limit))
 
     def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
         """Delete up to ``limit`` history entries older than ``seconds``; how many went."""
         # Entries carry the clock of the process that saw them: so does the cutoff.
-        return self._prune_history(time.time() - check_delay(seconds), check_limit(limit))
+        return self._prune_history(time.time() - check_delay(seconds), check_page_size(limit))
 
     # -- fenced writes of the caller's own --------------------------------------------------
 
@@ -552,7 +553,7 @@ class Store(abc.ABC):
                     limit: int = 100) -> list[Receipt]:
         """Receipts (only those in ``state``, if given), most recently changed first."""
         rows = self._effect_find(None if state is None else EffectState(state),
-                                 check_limit(limit))
+                                 check_page_size(limit))
         return [receipt_of(row) for row in rows]
 
     def effect_update(self, key: str, *, version: int, state: EffectState,

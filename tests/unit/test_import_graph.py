@@ -156,7 +156,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
                          "beat", "wiring", "metrics"}),
-    ("edges", {"", "__main__", "cli", "doctor", "otel", "testing", "pytest_plugin", "web",
+    ("edges", {"", "__main__", "cli", "doctor", "ops", "otel", "testing", "pytest_plugin", "web",
                "web.app",
                "web.pages", "web.html", "web.timeline", "web.serve"}),
 ]
