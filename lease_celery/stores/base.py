@@ -31,6 +31,7 @@ from ..checks import (
 from ..errors import (
     ConfigError,
     LeaseLost,
+    StoreDataLost,
     StoreError,
 )
 from ..limits import (
@@ -46,6 +47,7 @@ from ..limits import (
 from ..models import (
     EffectState,
     EpochReset,
+    Finding,
     HistoryEntry,
     Lease,
     LeaseRecord,
@@ -58,6 +60,11 @@ from .rows import Row, lease_of, receipt_of, record_of
 
 if TYPE_CHECKING:
     from ..effects import Effects
+
+#: The key ``diagnose`` reads (lease_celery's own namespace: no task's key).
+DIAGNOSE_KEY = "lease_celery:doctor"
+#: Seconds the store's clock and this host's may differ before ``diagnose`` says so.
+CLOCK_TOLERANCE = 2.0
 
 __all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Row", "Store", "check_lease",
            "effective_interval", "effective_limit", "fence_params", "group_verdict",
@@ -589,6 +596,55 @@ class Store(abc.ABC):
         """
         raise ConfigError(f"the {type(self).__name__} keeps no epoch: its database keeps every "
                           "write it acknowledged, and there is nothing to reset")
+
+    # -- what the store says about itself (``celery leases doctor``) ------------------------
+
+    def diagnose(self) -> list[Finding]:
+        """What this store says about the promises it keeps, as doctor's findings: the
+        backend's own (``_diagnose``: durability, eviction, replicas, where its file lives),
+        whether its epoch holds, and its clock against this host's. Doctor prints them as
+        they are, whatever the backend.
+
+        It reads first (connection, schema migrated or refused, file format): a store that
+        cannot be used raises its error (``LeaseError``), which doctor reports."""
+        self.get(DIAGNOSE_KEY)
+        return [*self._epoch_findings(), *self._diagnose(), *self._clock_findings()]
+
+    def _diagnose(self) -> list[Finding]:
+        """The backend's own findings about its server or file (none unless it has some).
+        Never raises for what it could not check: that is a finding too."""
+        return []
+
+    def _epoch_findings(self) -> list[Finding]:
+        """Opening the epoch (as any first use does) says whether the store lost its data;
+        nothing for a store that keeps no epoch."""
+        try:
+            epoch = self.epoch()
+        except StoreDataLost as exc:
+            return [Finding("store.data_lost", "error", "ownership", str(exc))]
+        if epoch is None:
+            return []
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
+        return [Finding("store.epoch", "ok", "ownership",
+                        f"the lease store's epoch {epoch.id} (since {when}) is in place: a "
+                        "server that lost everything since then would have lost it too")]
+
+    def _clock_findings(self) -> list[Finding]:
+        """The store's clock against this host's: leases are judged on the store's alone,
+        but history entries carry each process's time and the history is pruned by it."""
+        try:
+            offset = self.now() - time.time()
+        except StoreDataLost:  # its own finding already; the clock waits for reset-epoch
+            return []
+        if abs(offset) <= CLOCK_TOLERANCE:
+            return []
+        side = "ahead of" if offset > 0 else "behind"
+        return [Finding(
+            "store.clock", "warning", "ownership",
+            f"the lease store's clock is {abs(offset):.1f}s {side} this host's: leases are "
+            "judged on the store's clock, so they hold, but the history's times are each "
+            "process's and read out of order, and its retention prunes by this host's clock. "
+            "Keep both in time (NTP)")]
 
     # -- the backend's primitives -----------------------------------------------------------
     # Each gets checked, encoded arguments and answers with rows (stores.rows) or booleans;

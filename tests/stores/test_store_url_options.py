@@ -284,6 +284,7 @@ RECIPES: dict[str, Callable[[Store], object]] = {
     "now": lambda s: s.now(),
     "epoch": lambda s: s.epoch(),
     "reset_epoch": _reset_epoch,
+    "diagnose": lambda s: s.diagnose(),
     "check_url": lambda s: type(s).check_url(s.url),
     "close": lambda s: s.close(),  # last: the others must not depend on it
 }

@@ -141,7 +141,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                      "keys", "fencing", "apps", "limits"}),
     ("stores", {"stores", "stores.base", "stores.rows", "stores.urls", "stores.registry",
                 "stores.queries", "stores.sql_glue", "stores.sqlite", "stores.postgres",
-                "stores.pg_connections",
+                "stores.pg_connections", "stores.sqlite_diagnosis", "stores.redis.diagnosis",
                 "stores.redis", "stores.redis.store", "stores.redis.lua",
                 "stores.redis.options", "stores.redis.wire", "effects"}),
     ("settings", {"catalog", "settings", "names"}),
