@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ..checks import (
     cancel_reason,
@@ -28,6 +28,7 @@ from ..checks import (
     encode_result,
     encode_task,
 )
+from ..effects import Effects
 from ..errors import (
     ConfigError,
     LeaseLost,
@@ -57,9 +58,6 @@ from ..models import (
     StoreStats,
 )
 from .rows import Row, lease_of, receipt_of, record_of
-
-if TYPE_CHECKING:
-    from ..effects import Effects
 
 #: The key ``diagnose`` reads (lease_celery's own namespace: no task's key).
 DIAGNOSE_KEY = "lease_celery:doctor"
@@ -525,8 +523,6 @@ class Store(abc.ABC):
     @property
     def effects(self) -> Effects:
         """Idempotent receipts for outside actions, kept in this store (see ``Effects``)."""
-        from ..effects import Effects
-
         effects: Effects | None = self.__dict__.get("_effects")
         if effects is None:
             effects = self.__dict__["_effects"] = Effects(self)
