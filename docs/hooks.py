@@ -60,14 +60,18 @@ def problems() -> list[str]:
 
 
 def render_rows() -> str:
-    """The table, in Markdown: setting | where | default | meaning."""
-    from lease_celery.catalog import SCOPES
+    """The table, in Markdown: setting | where | default | takes | meaning ("takes": what
+    a refusal says the setting takes, and whether it takes it as text, as an environment
+    variable gives it)."""
+    from lease_celery.catalog import SCOPES, by_name
 
     known = scopes()
-    lines = ["| setting | where | default | meaning |", "| --- | --- | --- | --- |"]
+    lines = ["| setting | where | default | takes | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, (default, meaning) in ROWS.items():
         where = SCOPES[known[name]] if name in known else "?"
-        lines.append(f"| `{name}` | {where} | {default} | {meaning} |")
+        row = by_name(name)
+        takes = row.fix + ("; also as text" if row.text else "")
+        lines.append(f"| `{name}` | {where} | {default} | {takes} | {meaning} |")
     return "\n".join(lines)
 
 
