@@ -17,9 +17,22 @@ from kombu.utils import json as kombu_json
 
 from .errors import CheckpointNotSerializable, ConfigError, InvalidKey, ResultNotSerializable
 
-__all__ = ["MAX_KEY_LENGTH", "MIN_SECONDS", "EncodedResult", "cancel_reason", "check_delay",
-           "check_key", "check_limit", "check_owner", "check_ttl", "decode_result",
-           "decode_task", "encode_checkpoint", "encode_result", "encode_task"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "MIN_SECONDS",
+    "EncodedResult",
+    "cancel_reason",
+    "check_delay",
+    "check_key",
+    "check_owner",
+    "check_page_size",
+    "check_ttl",
+    "decode_result",
+    "decode_task",
+    "encode_checkpoint",
+    "encode_result",
+    "encode_task",
+]
 
 
 #: Shortest accepted duration (ttl, timeouts), in seconds.
@@ -65,7 +78,9 @@ def check_delay(seconds: object, *, name: str = "delay") -> float:
     return float(seconds)
 
 
-def check_limit(limit: object) -> int:
+def check_page_size(limit: object) -> int:
+    """A page size (``limit=`` of the reads and batches: at most that many rows), a whole
+    number >= 1. Not a concurrency limit: that is ``limits.check_concurrency``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"limit must be a whole number >= 1, got {limit!r}")
     return limit

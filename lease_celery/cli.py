@@ -22,10 +22,9 @@ import click
 
 from .doctor import diagnose
 from .errors import ConfigError, InvalidKey, LeaseError
-from .execution.delivery import republish
-from .execution.limited import publish_waiters
-from .limits import LimitGroup, check_limit_value, parse_rate
+from .limits import LimitGroup, check_concurrency, parse_rate
 from .models import HistoryEntry, LeaseRecord, LeaseState
+from .ops import Done, Operations, Refusal
 from .settings import store_url_of
 from .stores.base import Store
 from .stores.registry import open_store
@@ -274,10 +273,16 @@ def _history_line(entry: HistoryEntry, now: float) -> str:
     return _printable(f"{when} UTC ({_age(entry.at, now)}) {entry.event}{token}{who}{detail}")
 
 
-def _operator(ctx: Context, store: Store, key: str, action: str, detail: str) -> None:
-    """Record an operator's action in the key's history: what, and who (user, host)."""
-    who = f"{getpass.getuser()}@{socket.gethostname()} via the CLI"
-    store.record_history(key, f"operator:{action}", detail=f"{who}: {detail}")
+def _operations(ctx: Context, store: Store) -> Operations:
+    """The operator actions on ``store``, recorded as done by this user on this host."""
+    actor = f"{getpass.getuser()}@{socket.gethostname()} via the CLI"
+    return Operations(store, actor=actor, app=ctx.app)
+
+
+def _unrecorded(done: Done) -> None:
+    if done.unrecorded is not None:
+        click.echo(f"warning: {done.event} on {_printable(done.key)} was done but not recorded "
+                   f"in its history: {_one_line(done.unrecorded)}", err=True)
 
 
 def _show_value(name: str, value: Any, now: float) -> str:
@@ -297,12 +302,11 @@ def _show_value(name: str, value: Any, now: float) -> str:
 def release(ctx: Context, key: str, reason: str) -> None:
     """Make a running lease ready, whoever holds it (its holder's result is then refused)."""
     with ctx.store() as store:
-        done = store.force_release(key, reason=reason)
-        record = store.get(key)
-        if done:
-            _operator(ctx, store, key, "release", reason)
-    if not done:
-        _fail(ctx, f"lease {key!r} is not running ({record.state.value if record else 'none'})")
+        try:
+            done = _operations(ctx, store).release(key, reason=reason)
+        except Refusal as exc:
+            _fail(ctx, str(exc))
+    _unrecorded(done)
     _emit(ctx, {"released": key}, f"released {_printable(key)}")
 
 
@@ -315,13 +319,12 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
     """Cancel a key: a running holder stops at its next heartbeat, a key not yet started never
     runs; it ends dead ("cancelled: REASON") until requeued."""
     with ctx.store() as store:
-        done = store.cancel(key, reason=reason)
-        record = store.get(key)
-        if done:
-            _operator(ctx, store, key, "cancel", reason)
-    if not done:
-        _fail(ctx, f"no lease for key {key!r}" if record is None else
-              f"lease {key!r} is {_state_of(record)}: nothing to cancel")
+        try:
+            done = _operations(ctx, store).cancel(key, reason=reason)
+        except Refusal as exc:
+            _fail(ctx, str(exc))
+    _unrecorded(done)
+    record = done.record
     assert record is not None
     how = ("its holder stops at its next heartbeat" if record.state is LeaseState.RUNNING
            else "it will not run")
@@ -338,27 +341,20 @@ def cancel(ctx: Context, key: str, reason: str) -> None:
 def requeue(ctx: Context, key: str, publish: bool) -> None:
     """Bring a dead lease back (ready, fresh attempts) and re-publish its task."""
     with ctx.store() as store:
-        record = store.requeue(key, reason="requeued by an operator")
-        if record is not None:
-            _operator(ctx, store, key, "requeue", "dead -> ready")
-        current = store.get(key) if record is None else record
-    if record is None:
-        _fail(ctx, f"no lease for key {key!r}" if current is None else
-              f"lease {key!r} is {_state_of(current)}: only a dead lease can be requeued")
-    assert record is not None
-    published = None
-    if publish:
-        if record.task is None:
+        try:
+            done = _operations(ctx, store).requeue(key, reason="requeued by an operator",
+                                                   publish=publish)
+        except Refusal as exc:
+            _fail(ctx, str(exc))
+    _unrecorded(done)
+    if done.publish_error is not None:
+        if done.record is None or done.record.task is None:
             _fail(ctx, f"lease {key!r} is ready again, but its task cannot be re-published "
                        "(none is recorded on it): publish it yourself")
-        assert record.task is not None
-        try:
-            # A fresh start: Celery's retry count begins again, like the lease's attempts.
-            published = republish(ctx.app, record.task, retries=0).id
-        except Exception as exc:  # the broker refused: the row stays ready for the sweeper
-            _fail(ctx, f"lease {key!r} is ready again, but its task could not be re-published "
-                       f"({type(exc).__name__}: {exc}); a worker's sweeper re-publishes it "
-                       "after lease_sweep_grace (or run celery leases sweep)")
+        _fail(ctx, f"lease {key!r} is ready again, but its task could not be re-published "
+                   f"({done.publish_error}); a worker's sweeper re-publishes it "
+                   "after lease_sweep_grace (or run celery leases sweep)")
+    published = done.task_id
     _emit(ctx, {"requeued": key, "task_id": published},
           f"requeued {_printable(key)}" + (f"; task {published} published" if published else ""))
 
@@ -372,8 +368,9 @@ def purge(ctx: Context, older_than: str) -> None:
     """Delete old done/dead leases; their tokens are kept, so keys never restart their count."""
     seconds = parse_duration(older_than)
     with ctx.store() as store:
-        count = store.purge_older_than(seconds)
-    _emit(ctx, {"purged": count}, f"purged {count} lease(s)")
+        done = _operations(ctx, store).purge(seconds)
+    _unrecorded(done)
+    _emit(ctx, {"purged": done.count}, f"purged {done.count} lease(s)")
 
 
 @leases.command()
@@ -465,16 +462,19 @@ def limit(ctx: Context, group: str, new_limit: str | None, new_rate: str | None,
           reset: bool) -> None:
     """Change a group's limit or rate without a deploy; waiters a raised limit lets run are
     published at once."""
-    limit_value = _lift_or(new_limit, lambda v: check_limit_value(v, name="--limit"))
+    concurrency = _lift_or(new_limit, lambda v: check_concurrency(v, name="--limit"))
     rate_value = _lift_or(new_rate, lambda v: parse_rate(v, name="--rate").text)
-    if limit_value is None and rate_value is None and not reset:
+    if concurrency is None and rate_value is None and not reset:
         _refuse("give --limit N, --rate R or --reset (see celery leases limits)")
     with ctx.store() as store:
         try:
-            found = store.set_limit(group, limit=limit_value, rate=rate_value, reset=reset)
-        except ConfigError as exc:
+            done = _operations(ctx, store).limit(group, concurrency=concurrency,
+                                                 rate=rate_value, reset=reset)
+        except Refusal as exc:
             _refuse(str(exc))
-        handed = publish_waiters(ctx.app, store.hand_on(group, grace=0.0))
+    _unrecorded(done)
+    found, handed = done.group, done.handed_on
+    assert found is not None
     _emit(ctx, {**asdict(found), "handed_on": [w.key for w in handed]},
           _group_line(found) + (f"; {len(handed)} waiter(s) published" if handed else ""))
 
@@ -500,9 +500,12 @@ def reset_epoch(ctx: Context, accept: bool) -> None:
         _refuse("reset-epoch needs --accept-data-loss: " + RESET_EPOCH_RISKS)
     with ctx.store() as store:
         try:
-            done = store.reset_epoch()
-        except ConfigError as exc:  # a store that keeps no epoch
+            reset = _operations(ctx, store).reset_epoch()
+        except Refusal as exc:  # a store that keeps no epoch
             _fail(ctx, str(exc))
+    _unrecorded(reset)
+    done = reset.epoch
+    assert done is not None
     before = (f"replaced epoch {done.replaced}" if done.replaced else "no epoch record was left")
     if done.lost:
         before += f" (marked lost: {_printable(done.lost)})"
@@ -558,16 +561,6 @@ def web(ctx: Context, host: str, port: int, token: str | None,
               announce=lambda line: click.echo(line, err=line.startswith("WARNING")))
     except ConfigError as exc:
         _refuse(str(exc))
-
-
-def _state_of(record: LeaseRecord) -> str:
-    """The record's state as an operator needs it: a pending cancel or a settle phase too."""
-    if record.state is LeaseState.RUNNING and record.cancel:
-        return (f"running, with a cancel pending ({_printable(record.cancel)}): its holder "
-                "stops at its next heartbeat, and the key then ends dead")
-    if record.settling:
-        return f"{record.state.value} (settling: its owner is confirming the outcome)"
-    return record.state.value
 
 
 def _fail(ctx: Context, message: str) -> NoReturn:

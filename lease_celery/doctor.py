@@ -7,17 +7,14 @@ non-zero), ``warning`` (they hold, at a cost worth knowing) or ``ok``.
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from .apps import is_leased
-from .errors import LeaseError, StoreDataLost
+from .errors import LeaseError
 from .execution.recovery import (
     broker_family,
     queue_max_priority,
@@ -25,17 +22,16 @@ from .execution.recovery import (
     recovery_priority,
     redis_list,
 )
+from .models import Finding
 from .names import FIXES, name_problems
 from .settings import (
     LeaseSettings,
-    metrics_port,
+    check_app_settings,
     recovery_priority_setting,
     resolve_settings,
-    retention,
     sweep_grace,
     sweep_interval,
 )
-from .stores.base import Store
 from .stores.registry import open_store
 from .stores.urls import redact
 from .worker.sweeper import QUEUE_WAIT_GRACES
@@ -48,19 +44,6 @@ RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 _AMQP = ("amqp", "amqps", "pyamqp", "librabbitmq")
 #: Tasks longer than this are "long" for prefetching purposes.
 LONG_TASK = 60.0
-_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs",
-                        "lustre", "fuse.sshfs", "fuse.glusterfs", "afs", "beegfs", "gpfs"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: str  # error | warning | ok
-    promise: str  # delivery | ownership | effects
-    message: str
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def diagnose(app: Any, *, store_url: str | None = None,
@@ -98,12 +81,7 @@ def diagnose(app: Any, *, store_url: str | None = None,
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
             findings.append(_invalid(exc))
-    for app_setting in (sweep_grace, retention, sweep_interval, metrics_port,
-                        recovery_priority_setting):
-        try:
-            app_setting(app)
-        except LeaseError as exc:
-            findings.append(_invalid(exc))
+    findings += [_invalid(exc) for exc in check_app_settings(app)]
     longest = _longest_task(app, tasks)
     shortest_ttl = min((s.ttl for s in settings_by_task.values()), default=None)
     stores = ([store_url] if store_url else
@@ -189,6 +167,14 @@ def _invalid(exc: BaseException) -> Finding:
     fix = FIXES.get(name.group(1)) if name else None
     return Finding("settings.invalid", "error", "ownership",
                    message + (f" (fix: set {name.group(1)} to {fix})" if name and fix else ""))
+
+
+def _sweep_interval(app: Any) -> float | None:
+    """``lease_sweep_interval``, or None when it is refused (a settings.invalid finding)."""
+    try:
+        return sweep_interval(app)
+    except LeaseError:
+        return None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -402,7 +388,7 @@ def _ownership(app: Any, settings_by_task: dict[str, LeaseSettings], stores: lis
                 "(use ttl/3 or less)"))
     for url in stores:
         found += _store(url)
-    if app.conf.get("lease_sweep_interval") == 0:
+    if _sweep_interval(app) == 0:
         found.append(Finding(
             "lease.sweeper_off", "warning", "ownership",
             "lease_sweep_interval=0 turns the workers' sweeper off: schedule the "
@@ -486,37 +472,14 @@ def _periodic(app: Any) -> list[Finding]:
 
 
 def _store(url: str) -> list[Finding]:
-    found: list[Finding] = []
+    """What the store at ``url`` says about itself (``Store.diagnose``), or why it cannot be
+    used."""
     try:
         with open_store(url) as store:
-            store.get("lease_celery:doctor")  # a real read: connection, schema, file format
-            found += _epoch_finding(store)
+            return store.diagnose()
     except (LeaseError, ValueError, ImportError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {redact(url)} cannot be used: {exc}")]
-    scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss"):
-        return [*found, *_redis_store(url)]
-    if scheme != "sqlite":
-        return found
-    path = unquote(urlsplit(url).path)[1:]
-    if not path or path == ":memory:":
-        found.append(Finding("store.sqlite_memory", "error", "ownership",
-                             "sqlite:// is in memory: each worker process has its own leases"))
-        return found
-    if not os.path.isabs(path):
-        found.append(Finding(
-            "store.sqlite_relative", "warning", "ownership",
-            f"the SQLite store path {path!r} is relative: workers started in other directories "
-            "keep other leases. Use sqlite:////absolute/path"))
-    fstype = _filesystem_type(os.path.abspath(path))
-    if fstype in _NETWORK_FILESYSTEMS:
-        found.append(Finding(
-            "store.sqlite_network_fs", "error", "ownership",
-            f"the SQLite store {path!r} is on a network file system ({fstype}): SQLite's locks "
-            "are not reliable there, and workers on several hosts must not share it. Use "
-            "PostgreSQL for leases across machines"))
-    return found
 
 
 def _consumer_timeout(app: Any, tasks: list[Any]) -> list[Finding]:
@@ -548,134 +511,3 @@ def _consumer_timeout(app: Any, tasks: list[Any]) -> list[Finding]:
         "A client cannot read the server's consumer_timeout: this assumes RabbitMQ's default, "
         f"{limit:g}s. Set consumer_timeout above the longest task on the server "
         "(rabbitmq.conf, in ms), or a task time limit below it")]
-
-
-#: What a Redis store loses when its server forgets acknowledged writes.
-_REDIS_LOSS = ("rows of running leases and effect receipts vanish. A loss of everything is "
-               "caught by the store's epoch (nothing is granted until reset-epoch), but a loss "
-               "of the latest writes is not: a second worker is granted a key a live owner "
-               "holds, and an effect runs again")
-
-
-def _epoch_finding(store: Store) -> list[Finding]:
-    """Opening the store's epoch (as any first use does) says whether it lost its data;
-    nothing for a store that keeps no epoch."""
-    try:
-        epoch = store.epoch()
-    except StoreDataLost as exc:
-        return [Finding("store.data_lost", "error", "ownership", str(exc))]
-    if epoch is None:
-        return []
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
-    return [Finding("store.epoch", "ok", "ownership",
-                    f"the Redis lease store's epoch {epoch.id} (since {when}) is in place: a "
-                    "server that lost everything since then would have lost it too")]
-
-
-def _redis_store(url: str) -> list[Finding]:
-    """The Redis store's server, read with CONFIG GET and INFO: eviction, persistence and
-    replication, each of which can make it forget acknowledged writes."""
-    import redis
-
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "prefix"]
-    where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
-    client = redis.Redis.from_url(
-        urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), "")),
-        socket_connect_timeout=5, socket_timeout=5, decode_responses=True)
-    try:
-        config: dict[Any, Any] = {}
-        refused = ""
-        try:
-            for pattern in ("maxmemory*", "append*", "min-replicas-to-write"):
-                config.update(client.config_get(pattern))
-        except redis.RedisError as exc:  # CONFIG renamed away, or refused by an ACL
-            refused = str(exc)
-        try:
-            replicas = int(client.info("replication").get("connected_slaves") or 0)
-        except redis.RedisError:
-            replicas = 0
-    finally:
-        client.close()
-    return [*_redis_eviction(config, refused or "no maxmemory-policy in the reply", where),
-            *_redis_persistence(config, refused or "no appendonly in the reply", where),
-            *_redis_replicas(config, replicas, where)]
-
-
-def _redis_persistence(config: dict[Any, Any], refused: str, where: str) -> list[Finding]:
-    """A restart keeps what the AOF fsynced: every write with ``appendfsync always``."""
-    advice = "Set appendonly yes with appendfsync always"
-    appendonly, fsync = config.get("appendonly"), config.get("appendfsync")
-    if appendonly is None:
-        return [Finding("store.redis_persistence", "warning", "ownership",
-                        f"could not check the Redis lease store's ({where}) persistence "
-                        f"(CONFIG GET: {refused}); a server that restarts without its "
-                        f"acknowledged writes loses leases: {_REDIS_LOSS}. {advice}")]
-    if appendonly != "yes":
-        return [Finding("store.redis_persistence", "warning", "ownership",
-                        f"the Redis lease store ({where}) runs with appendonly no: a restart "
-                        "loses every write since the last RDB snapshot (all of them without "
-                        f"one): {_REDIS_LOSS}. {advice}")]
-    if fsync != "always":
-        lost = ("up to a second of acknowledged writes" if fsync == "everysec"
-                else "what the operating system had not yet written to disk")
-        return [Finding("store.redis_persistence", "warning", "ownership",
-                        f"the Redis lease store ({where}) runs with appendfsync {fsync}: a "
-                        f"crash of its host loses {lost}: {_REDIS_LOSS}. {advice}")]
-    return []
-
-
-def _redis_replicas(config: dict[Any, Any], replicas: int, where: str) -> list[Finding]:
-    """Replication is asynchronous: a failover to a replica that lags loses writes."""
-    if not replicas or int(config.get("min-replicas-to-write") or 0) > 0:
-        return []
-    return [Finding(
-        "store.redis_replicas", "warning", "ownership",
-        f"the Redis lease store ({where}) has {replicas} replica(s) and "
-        "min-replicas-to-write 0: a failover to a replica that had not received the latest "
-        f"writes loses them: {_REDIS_LOSS}. Set min-replicas-to-write (and "
-        "min-replicas-max-lag), or use PostgreSQL for fencing that survives a failover")]
-
-
-def _redis_eviction(config: dict[Any, Any], refused: str, where: str) -> list[Finding]:
-    """The Redis store's ``maxmemory-policy``: an evicted lease row or token counter lets a key
-    run again with its tokens restarted. ``noeviction`` is safe, and so is ``volatile-*``:
-    lease keys never expire, so those policies never pick them."""
-    policy = config.get("maxmemory-policy")
-    advice = "Set maxmemory-policy noeviction (or volatile-*: lease keys never expire)"
-    if not policy:
-        return [Finding(
-            "store.redis_eviction_unknown", "warning", "ownership",
-            f"could not check the Redis lease store's ({where}) maxmemory-policy (CONFIG GET: "
-            f"{refused}); an evicted lease row or token counter lets a key run again with its "
-            f"tokens restarted. {advice}")]
-    if policy == "noeviction" or policy.startswith("volatile-"):
-        return []
-    maxmemory = int(config.get("maxmemory") or 0)
-    if not maxmemory:
-        return [Finding(
-            "store.redis_eviction", "warning", "ownership",
-            f"the Redis lease store ({where}) has maxmemory-policy={policy!r}: nothing is "
-            "evicted while maxmemory is 0 (no limit), but once a limit is set Redis evicts "
-            f"lease rows and token counters, and keys run again with tokens restarted. {advice}")]
-    return [Finding(
-        "store.redis_eviction", "error", "ownership",
-        f"the Redis lease store ({where}) has maxmemory-policy={policy!r} with "
-        f"maxmemory={maxmemory}: once full, Redis evicts lease rows and token counters, and "
-        f"keys run again with tokens restarted. {advice}")]
-
-
-def _filesystem_type(path: str) -> str | None:
-    """The type of the file system holding ``path``, from /proc/mounts (Linux)."""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            entries = [line.split()[1:3] for line in mounts if len(line.split()) >= 3]
-    except OSError:
-        return None
-    best: tuple[int, str] | None = None
-    for mount_point, fstype in entries:
-        mount_point = mount_point.replace("\\040", " ")
-        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
-        if inside and (best is None or len(mount_point) > best[0]):
-            best = (len(mount_point), fstype)
-    return best[1] if best else None

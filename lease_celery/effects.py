@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -33,12 +33,34 @@ from .errors import (
     PayloadNotSerializable,
     ResultNotSerializable,
 )
-from .models import EffectState, Lease, LeaseState, Receipt
+from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
 
-if TYPE_CHECKING:  # the store builds its Effects: at run time this module needs no store
-    from .stores.base import Store
 
-__all__ = ["Effects", "fingerprint"]
+class ReceiptStore(Protocol):
+    """What ``Effects`` builds on: a store's receipt primitives, its lease rows and its clock
+    (``lease_celery.stores.base.Store``'s own methods, which say what each does atomically).
+    Typed here rather than by importing the store contract, which builds its ``Effects``:
+    the contract depends on this module, never the other way round."""
+
+    def effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool: ...
+
+    def effect_restart(self, key: str, *, version: int, lease: Lease | None) -> bool: ...
+
+    def effect_get(self, key: str) -> Receipt | None: ...
+
+    def effect_find(self, *, state: EffectState | None = None,
+                    limit: int = 100) -> list[Receipt]: ...
+
+    def effect_update(self, key: str, *, version: int, state: EffectState,
+                      result: str | None) -> bool: ...
+
+    def effect_delete(self, key: str, *, version: int) -> bool: ...
+
+    def get(self, key: str) -> LeaseRecord | None: ...
+
+    def now(self) -> float: ...
+
+__all__ = ["Effects", "ReceiptStore", "fingerprint"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -66,7 +88,7 @@ def fingerprint(payload: Any) -> str:
 class Effects:
     """Receipts kept in one lease store: ``store.effects``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ReceiptStore) -> None:
         self.store = store
 
     def once(self, key: str, payload: Any, fn: Callable[[str], _T], *,

@@ -22,8 +22,16 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["GroupLimit", "LimitGroup", "LimitRefused", "Rate", "Waiter", "check_group_limit",
-           "check_limit_value", "parse_rate"]
+__all__ = [
+    "GroupLimit",
+    "LimitGroup",
+    "LimitRefused",
+    "Rate",
+    "Waiter",
+    "check_concurrency",
+    "check_group_limit",
+    "parse_rate",
+]
 
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(?P<count>\d+(?:\.\d+)?)\s*(?:/\s*(?P<period>[smh]))?\s*$")
@@ -65,7 +73,7 @@ def parse_rate(value: object, *, name: str = "lease_rate_limit") -> Rate:
     return Rate(text=f"{match['count']}/{period}", count=count, period=_PERIODS[period])
 
 
-def check_limit_value(value: object, *, name: str = "lease_limit") -> int:
+def check_concurrency(value: object, *, name: str = "lease_limit") -> int:
     """A limit: a whole number >= 1, or ``ConfigError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, str) and value.strip().isdigit():  # read from the environment

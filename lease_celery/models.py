@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["EffectState", "EpochReset", "HistoryEntry", "Lease", "LeaseRecord", "LeaseState",
-           "Receipt", "StoreEpoch", "StoreStats"]
+__all__ = ["EffectState", "EpochReset", "Finding", "HistoryEntry", "Lease", "LeaseRecord",
+           "LeaseState", "Receipt", "StoreEpoch", "StoreStats"]
 
 
 class LeaseState(str, enum.Enum):
@@ -185,3 +185,20 @@ class Receipt:
     result: Any
     version: int
     updated_at: float
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``celery leases doctor`` says: a ``code`` (``store.redis_eviction``), a
+    ``severity`` (``error``: a lease guarantee does not hold; ``warning``: it holds, at a cost
+    worth knowing; ``ok``), the ``promise`` it bears on (``delivery``, ``ownership`` or
+    ``effects``) and a ``message`` naming the values and what to do. A store's own findings
+    (``Store.diagnose``) are of this type too."""
+
+    code: str
+    severity: str  # error | warning | ok
+    promise: str  # delivery | ownership | effects
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)

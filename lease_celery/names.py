@@ -1,5 +1,6 @@
-"""Every ``lease_*`` name lease_celery reads, where each may be set, and the check that finds
-names it does not read (a misspelling, or an app-wide setting put on a task).
+"""Every ``lease_*`` name lease_celery reads, where each may be set (both derived from the
+settings table, ``lease_celery.catalog``), and the check that finds names it does not read
+(a misspelling, or an app-wide setting put on a task).
 
 Celery passes unknown settings and task options through without a word, so a misspelled
 ``lease_keys`` silently keys a task on its id (deduplication off) and ``lease_tll`` leaves the
@@ -13,53 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from .apps import MARKER, is_leased
+from .catalog import SETTINGS
 
 __all__ = ["APP_ONLY", "FIXES", "TASK_ONLY", "TASK_OR_APP", "NameProblem", "name_problems"]
 
 #: Settings a task attribute overrides (``lease_celery.settings``).
-TASK_OR_APP = frozenset({
-    "lease_store_url", "lease_ttl", "lease_heartbeat_interval", "lease_max_attempts",
-    "lease_max_takeovers", "lease_backoff_base", "lease_backoff_max", "lease_retry_errors",
-    "lease_retry_time_limits", "lease_finish_in_background", "lease_record_at_publish",
-    "lease_extend_visibility", "lease_limit", "lease_rate_limit", "lease_limit_key"})
-#: Options only a task has: they describe one task's messages.
-TASK_ONLY = frozenset({"lease_key", "lease_unique"})
+TASK_OR_APP = frozenset(s.name for s in SETTINGS if s.scope == "both")
+#: Options only a task has: they describe one task's messages (``permanent_errors``, not a
+#: ``lease_*`` name, is not checked here).
+TASK_ONLY = frozenset(s.name for s in SETTINGS
+                      if s.scope == "task" and s.name.startswith("lease_"))
 #: Settings of the workers (sweeper, retention, metrics): read from the app's configuration
 #: only, so on a task they do nothing.
-APP_ONLY = frozenset({"lease_sweep_interval", "lease_sweep_grace", "lease_retention",
-                      "lease_metrics_port", "lease_metrics_addr", "lease_recovery_priority"})
+APP_ONLY = frozenset(s.name for s in SETTINGS if s.scope == "app")
 
 #: What each name takes: the fix a finding suggests.
-FIXES: dict[str, str] = {
-    "lease_store_url": "a store URL: sqlite:////absolute/path.sqlite3, postgresql://… or "
-                       "redis://…",
-    "lease_ttl": "a number of seconds > 0 (30, not '30s')",
-    "lease_heartbeat_interval": "a number of seconds > 0, well below lease_ttl (ttl/3, the "
-                                "default when unset)",
-    "lease_max_attempts": "a whole number >= 1",
-    "lease_max_takeovers": "a whole number >= 1",
-    "lease_backoff_base": "a number of seconds > 0",
-    "lease_backoff_max": "a number of seconds > 0, not below lease_backoff_base",
-    "lease_retry_time_limits": "True or False",
-    "lease_retry_errors": "True or False",
-    "lease_finish_in_background": "True, False or 'auto'",
-    "lease_record_at_publish": "True or False",
-    "lease_extend_visibility": "True or False",
-    "lease_limit": "a whole number >= 1: at most that many of the group run at once",
-    "lease_rate_limit": "a rate such as '10/s', '100/m' or '5/h' (Celery's format)",
-    "lease_limit_key": "a format string whose fields are parameters of the task "
-                       "('tenant:{tenant_id}'), a callable taking the task's arguments, or "
-                       "None (the task's name)",
-    "lease_key": "a format string whose fields are parameters of the task "
-                 "('report:{report_id}'), a callable taking the task's arguments, or None",
-    "lease_unique": "True or False",
-    "lease_sweep_interval": "a number of seconds (0 turns the workers' sweeper off)",
-    "lease_sweep_grace": "a number of seconds > 0",
-    "lease_retention": "a number of seconds >= 0 (7 days is 604800; 0 keeps rows forever)",
-    "lease_metrics_port": "a port number",
-    "lease_recovery_priority": "'auto', a message priority from 0 to 255, or False",
-    "lease_metrics_addr": "an address to listen on",
-}
+FIXES: dict[str, str] = {s.name: s.fix for s in SETTINGS}
 
 _SETTINGS = TASK_OR_APP | APP_ONLY
 _TASK_OPTIONS = TASK_OR_APP | TASK_ONLY

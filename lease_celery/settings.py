@@ -7,36 +7,31 @@ default. Every refusal names the setting and where its value came from.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .checks import check_ttl
-from .errors import ConfigError, LeaseError
-from .limits import Rate, check_limit_value, parse_rate
+from .catalog import (
+    BACKGROUND_AFTER,
+    DEFAULT_RETENTION,
+    DEFAULT_STORE_URL,
+    DEFAULT_TTL,
+    MAX_PRIORITY,
+    POLICY_DEFAULTS,
+    SETTINGS,
+    read,
+)
+from .errors import ConfigError
+from .limits import Rate
 from .policy import DEFAULT_PERMANENT_ERRORS, Policy
-from .stores.base import DEFAULT_SWEEP_GRACE
-from .stores.registry import store_class
 
-__all__ = ["DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL", "MAX_PRIORITY",
-           "LeaseSettings", "metrics_port", "recovery_priority_setting", "resolve_settings",
-           "retention", "store_url_of", "sweep_grace", "sweep_interval"]
+__all__ = ["BACKGROUND_AFTER", "DEFAULT_RETENTION", "DEFAULT_STORE_URL", "DEFAULT_TTL",
+           "MAX_PRIORITY", "POLICY_DEFAULTS", "LeaseSettings", "check_app_settings",
+           "metrics_addr", "metrics_port",
+           "recovery_priority_setting", "resolve_settings", "retention", "store_url_of",
+           "sweep_grace", "sweep_interval"]
 
-#: A SQLite file in the worker's working directory: shared by the worker processes of one host.
-DEFAULT_STORE_URL = "sqlite:///lease_celery.sqlite3"
-DEFAULT_TTL = 30.0
-#: ``lease_finish_in_background = "auto"``: bodies that ran at least this long (seconds) finish
-#: behind their return on a sender thread, off the next task's path. A shorter body's finish
-#: is carried by the next claim instead: for such a body the hand-off to a thread costs more
-#: than the round trip it hides, and the carried finish saves the round trip.
-BACKGROUND_AFTER = 0.002
 #: Where a finish nothing waits for is written (``LeaseSettings.finish_mode``).
 FinishMode = Literal["inline", "background", "carried"]
-
-
-#: Defaults of the failure policy settings (``lease_<name>``).
-POLICY_DEFAULTS: dict[str, float] = {
-    "max_attempts": 3, "max_takeovers": 3, "backoff_base": 1.0, "backoff_max": 60.0}
 
 
 @dataclass(frozen=True)
@@ -84,198 +79,88 @@ class LeaseSettings:
         return "background" if self.finish_in_background is True else "inline"
 
 
-def _lookup(app: Any, task: Any, name: str) -> tuple[Any, str]:
-    """Return ``(value, source)`` for setting ``name``; value is None when unset everywhere."""
-    value = getattr(task, name, None) if task is not None else None
-    if value is not None:
-        return value, f"task attribute {getattr(task, 'name', None) or task!s}.{name}"
-    value = app.conf.get(name) if app is not None else None
-    if value is not None:
-        return value, f"setting {name}"
-    return None, "default"
-
-
 def resolve_settings(app: Any, task: Any = None) -> LeaseSettings:
-    """Resolve and validate the lease settings for ``task`` (or app-wide when ``task`` is None)."""
-    ttl_value, ttl_source = _lookup(app, task, "lease_ttl")
-    ttl = check_ttl(DEFAULT_TTL if ttl_value is None else ttl_value,
-                    name=f"lease_ttl ({ttl_source})")
-
-    interval_value, interval_source = _lookup(app, task, "lease_heartbeat_interval")
-    if interval_value is None:
+    """Resolve and validate the lease settings for ``task`` (or app-wide when ``task`` is None):
+    each through its row of ``lease_celery.catalog``; then the rules between two settings."""
+    ttl, _ = read(app, task, "lease_ttl")
+    interval, interval_source = read(app, task, "lease_heartbeat_interval")
+    if interval is None:
         interval = ttl / 3
-    else:
-        interval = check_ttl(interval_value,
-                             name=f"lease_heartbeat_interval ({interval_source})")
-        if interval >= ttl:
-            raise ConfigError(
-                f"lease_heartbeat_interval ({interval_source}) is {interval:g}s, not shorter than"
-                f" lease_ttl {ttl:g}s: the lease would expire before its first renewal"
-            )
-
-    url = store_url_of(app, task)
-    retry_value, retry_source = _lookup(app, task, "lease_retry_time_limits")
-    if retry_value is not None and not isinstance(retry_value, bool):
-        raise ConfigError(f"lease_retry_time_limits ({retry_source}) must be True or False, "
-                          f"got {retry_value!r}")
-    background_value, background_source = _lookup(app, task, "lease_finish_in_background")
-    if background_value is not None and not (isinstance(background_value, bool)
-                                             or background_value == "auto"):
-        raise ConfigError(f"lease_finish_in_background ({background_source}) must be True, "
-                          f"False or 'auto', got {background_value!r}")
-    record_value, record_source = _lookup(app, task, "lease_record_at_publish")
-    if record_value is not None and not isinstance(record_value, bool):
-        raise ConfigError(f"lease_record_at_publish ({record_source}) must be True or False, "
-                          f"got {record_value!r}")
-    extend_value, extend_source = _lookup(app, task, "lease_extend_visibility")
-    if extend_value is not None and not isinstance(extend_value, bool):
-        raise ConfigError(f"lease_extend_visibility ({extend_source}) must be True or False, "
-                          f"got {extend_value!r}")
-    limit_value, limit_source = _lookup(app, task, "lease_limit")
-    limit = None if limit_value is None else check_limit_value(
-        limit_value, name=f"lease_limit ({limit_source})")
-    rate_value, rate_source = _lookup(app, task, "lease_rate_limit")
-    rate = None if rate_value is None else parse_rate(
-        rate_value, name=f"lease_rate_limit ({rate_source})")
-    limit_key, limit_key_source = _lookup(app, task, "lease_limit_key")
-    if limit_key is not None and not (isinstance(limit_key, str) or callable(limit_key)):
-        raise ConfigError(f"lease_limit_key ({limit_key_source}) must be a format string, a "
-                          f"callable or None, got {type(limit_key).__name__}")
-    return LeaseSettings(store_url=url, ttl=ttl, heartbeat_interval=interval,
-                         limit_key=limit_key, limit=limit, rate=rate,
-                         record_at_publish=bool(record_value),
-                         extend_visibility=bool(extend_value),
-                         policy=_resolve_policy(app, task), retry_time_limits=bool(retry_value),
-                         finish_in_background=(
-                             "auto" if background_value is None else background_value))
+    elif interval >= ttl:
+        raise ConfigError(
+            f"lease_heartbeat_interval ({interval_source}) is {interval:g}s, not shorter than"
+            f" lease_ttl {ttl:g}s: the lease would expire before its first renewal"
+        )
+    values = {name: read(app, task, f"lease_{name}")[0] for name in (
+        "store_url", "retry_time_limits", "finish_in_background", "record_at_publish",
+        "extend_visibility", "limit", "limit_key")}
+    rate, _ = read(app, task, "lease_rate_limit")
+    return LeaseSettings(ttl=ttl, heartbeat_interval=interval, rate=rate,
+                         policy=_resolve_policy(app, task), **values)
 
 
 def store_url_of(app: Any, task: Any = None) -> str:
     """``lease_store_url`` for ``task`` (or app-wide), checked for syntax only: a host that
     only publishes tasks need not reach the store (or have its directory); workers check
     the rest when they start (lease_celery.worker.lifecycle)."""
-    value, source = _lookup(app, task, "lease_store_url")
-    url = DEFAULT_STORE_URL if value is None else value
-    if not isinstance(url, str):
-        raise ConfigError(f"lease_store_url ({source}) must be a URL string, got {url!r}")
-    try:
-        store_class(url).check_url(url)
-    except (LeaseError, ValueError, ImportError) as exc:  # ImportError: the extra is missing
-        raise ConfigError(f"lease_store_url ({source}) is not usable: {exc}") from exc
+    url: str = read(app, task, "lease_store_url")[0]
     return url
-
-
-#: Default of ``lease_retention``: settled done/dead rows older than this are pruned.
-DEFAULT_RETENTION = 7 * 24 * 3600.0
 
 
 def retention(app: Any) -> float:
     """``lease_retention``: seconds a settled done/dead row is kept (0: forever)."""
-    conf = getattr(app, "conf", None)
-    value = conf.get("lease_retention") if conf is not None else None
-    if value is None:
-        return DEFAULT_RETENTION
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"lease_retention (setting lease_retention) must be a number of "
-                          f"seconds >= 0 (0 keeps rows forever), got {value!r}")
-    return float(value)
+    value: float = read(app, None, "lease_retention")[0]
+    return value
 
 
 def sweep_interval(app: Any) -> float | None:
     """``lease_sweep_interval``: seconds between the workers' sweeps (0: no sweeper), or None
     when unset (the workers then sweep every half of their shortest ttl)."""
-    value = _app_setting(app, "lease_sweep_interval")
-    if value is None:
-        return None
-    number = _number(value)
-    if number is None or not number >= 0 or not math.isfinite(number):
-        raise ConfigError(f"lease_sweep_interval (setting lease_sweep_interval) must be a "
-                          f"number of seconds >= 0 (0 turns the sweeper off), got {value!r}")
-    return number
+    value: float | None = read(app, None, "lease_sweep_interval")[0]
+    return value
 
 
 def metrics_port(app: Any) -> int | None:
     """``lease_metrics_port``: the port the workers serve Prometheus metrics on, or None."""
-    value = _app_setting(app, "lease_metrics_port")
-    number = None if value is None else _number(value)
-    if number == 0 or value is None:
-        return None
-    if number is None or number != int(number) or not 0 < number < 65536:
-        raise ConfigError(f"lease_metrics_port (setting lease_metrics_port) must be a port "
-                          f"number (1-65535), got {value!r}")
-    return int(number)
+    value: int | None = read(app, None, "lease_metrics_port")[0]
+    return value
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a number: an int, a float, or their text (settings read from the
-    environment are text); None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _app_setting(app: Any, name: str) -> Any:
-    conf = getattr(app, "conf", None)
-    return conf.get(name) if conf is not None else None
+def metrics_addr(app: Any) -> str:
+    """``lease_metrics_addr``: the address the workers serve Prometheus metrics on."""
+    value: str = read(app, None, "lease_metrics_addr")[0]
+    return value
 
 
 def sweep_grace(app: Any) -> float:
     """``lease_sweep_grace``: seconds between two re-publishes of one row by the sweeper."""
-    conf = getattr(app, "conf", None)
-    value = conf.get("lease_sweep_grace") if conf is not None else None
-    if value is None:
-        return DEFAULT_SWEEP_GRACE
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"lease_sweep_grace (setting lease_sweep_grace) must be a number of "
-                          f"seconds > 0, got {value!r}")
-    return float(value)
-
-
-#: The highest message priority any broker takes (RabbitMQ's x-max-priority bound).
-MAX_PRIORITY = 255
+    value: float = read(app, None, "lease_sweep_grace")[0]
+    return value
 
 
 def recovery_priority_setting(app: Any) -> int | str | None:
     """``lease_recovery_priority``: ``"auto"`` (the default: the broker's first priority, see
     ``lease_celery.execution.recovery``), a priority number as the broker reads it, or False
     (re-published work keeps the priority it was published with), returned as None."""
-    value = _app_setting(app, "lease_recovery_priority")
-    if value is None or value == "auto":
-        return "auto"
-    if value is False:
-        return None
-    if isinstance(value, str) and value.strip().isdigit():  # read from the environment
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
-        raise ConfigError(f"lease_recovery_priority (setting lease_recovery_priority) must be "
-                          f"'auto', a priority from 0 to {MAX_PRIORITY} or False, got {value!r}")
+    value: int | str | None = read(app, None, "lease_recovery_priority")[0]
     return value
 
 
+def check_app_settings(app: Any) -> list[ConfigError]:
+    """The refusal of each app-wide setting ``app`` sets wrongly (doctor names them all)."""
+    refused: list[ConfigError] = []
+    for setting in SETTINGS:
+        if setting.scope == "app":
+            try:
+                read(app, None, setting.name)
+            except ConfigError as exc:
+                refused.append(exc)
+    return refused
+
+
 def _resolve_policy(app: Any, task: Any) -> Policy:
-    values: dict[str, Any] = {}
-    for name, default in POLICY_DEFAULTS.items():
-        value, source = _lookup(app, task, f"lease_{name}")
-        value = default if value is None else value
-        if name.startswith("backoff"):
-            value = check_ttl(value, name=f"lease_{name} ({source})")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"lease_{name} ({source}) must be a whole number >= 1, "
-                              f"got {value!r}")
-        values[name] = value
-    extra = getattr(task, "permanent_errors", None) or ()
-    if not isinstance(extra, tuple):
-        extra = (extra,) if isinstance(extra, type) else tuple(extra)
-    retry_errors, retry_source = _lookup(app, task, "lease_retry_errors")
-    if retry_errors is not None and not isinstance(retry_errors, bool):
-        raise ConfigError(f"lease_retry_errors ({retry_source}) must be True or False, "
-                          f"got {retry_errors!r}")
+    values = {name: read(app, task, f"lease_{name}")[0] for name in POLICY_DEFAULTS}
+    retry_errors, _ = read(app, task, "lease_retry_errors")
+    extra, _ = read(None, task, "permanent_errors")
     return Policy(permanent_errors=DEFAULT_PERMANENT_ERRORS + extra,
-                  retry_errors=bool(retry_errors), **values)
+                  retry_errors=retry_errors, **values)

@@ -18,16 +18,15 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Retry
 
-from .checks import check_ttl
-from .errors import ConfigError, LeaseError
+from .catalog import KEY_SPEC, SETTINGS, task_attributes
+from .errors import LeaseError
 from .execution.delivery import body_signature
 from .execution.ending import Ending, result_backend
 from .execution.gate import Gate
 from .execution.published import record_at_publish, withdraw
 from .execution.settle import SettlementCheck, confirm_stored
 from .execution.unique import existing_holder
-from .keys import KeySpec, check_key_spec
-from .limits import check_limit_value, parse_rate
+from .keys import check_key_spec
 from .runtime.execution import Execution
 from .runtime.handle import LeaseHandle
 from .settings import LeaseSettings, resolve_settings
@@ -70,19 +69,9 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     (``token``, ``owner``, ``check()``).
     """
 
-    lease_key: ClassVar[KeySpec] = None
-    lease_ttl: ClassVar[float | None] = None
-    lease_heartbeat_interval: ClassVar[float | None] = None
-    lease_store_url: ClassVar[str | None] = None
-    lease_retry_time_limits: ClassVar[bool | None] = None
-    lease_retry_errors: ClassVar[bool | None] = None
-    lease_finish_in_background: ClassVar[bool | str | None] = None
-    lease_unique: ClassVar[bool] = False
-    lease_record_at_publish: ClassVar[bool | None] = None
-    lease_extend_visibility: ClassVar[bool | None] = None
-    lease_limit: ClassVar[int | None] = None
-    lease_rate_limit: ClassVar[str | None] = None
-    lease_limit_key: ClassVar[KeySpec] = None
+    # The options a task may set, each from its row of the settings table: None (unset: the
+    # app's setting, else the default) or, for an option only a task has, its default.
+    vars().update(task_attributes())
     #: Marks leased tasks for the modules under the gate (``lease_celery.apps.is_leased``).
     __lease_celery_task__: ClassVar[bool] = True
     _lease_settings: ClassVar[LeaseSettings | None] = None
@@ -91,30 +80,22 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         super().__init_subclass__(**kwargs)
         # Refuse bad options when the task is defined, not when the first message arrives.
         where = f"task {cls.__dict__.get('name') or cls.__name__}"
-        spec = cls.__dict__.get("lease_key")
-        if inspect.isfunction(spec):
-            # A plain function stored on a class would be bound as a method and get the task
-            # as its first argument; the key callable receives the task's arguments only.
-            cls.lease_key = staticmethod(spec)
-        limit_spec = cls.__dict__.get("lease_limit_key")
-        if inspect.isfunction(limit_spec):
-            cls.lease_limit_key = staticmethod(limit_spec)
-        if "lease_key" in cls.__dict__ or "run" in cls.__dict__:
-            check_key_spec(cls.lease_key, body_signature(cls), where=where)
-        if "lease_limit_key" in cls.__dict__ or "run" in cls.__dict__:
-            check_key_spec(cls.lease_limit_key, body_signature(cls), where=where,
-                           name="lease_limit_key")
-        if cls.__dict__.get("lease_limit") is not None:
-            check_limit_value(cls.__dict__["lease_limit"], name=f"lease_limit of {where}")
-        if cls.__dict__.get("lease_rate_limit") is not None:
-            parse_rate(cls.__dict__["lease_rate_limit"], name=f"lease_rate_limit of {where}")
-        for name in ("lease_ttl", "lease_heartbeat_interval"):
-            value = cls.__dict__.get(name)
-            if value is not None:
-                check_ttl(value, name=f"{name} of {where}")
-        unique = cls.__dict__.get("lease_unique")
-        if unique is not None and not isinstance(unique, bool):
-            raise ConfigError(f"lease_unique of {where} must be True or False, got {unique!r}")
+        for setting in SETTINGS:
+            if not setting.on_task:
+                continue
+            value = cls.__dict__.get(setting.name)
+            if setting.kind is KEY_SPEC:
+                if inspect.isfunction(value):
+                    # A plain function stored on a class would be bound as a method and get
+                    # the task as its first argument; a key callable receives the task's
+                    # arguments only.
+                    setattr(cls, setting.name, staticmethod(value))
+                if setting.name in cls.__dict__ or "run" in cls.__dict__:
+                    # The format string's fields are checked against the body's parameters.
+                    check_key_spec(getattr(cls, setting.name), body_signature(cls), where=where,
+                                   name=setting.name)
+            elif value is not None:
+                setting.parse(value, f"{setting.name} of {where}")
         own = cls.__dict__.get("after_return")
         if own is not None and not getattr(own, "lease_celery_settles", False):
             cls.after_return = _settling_after_return(own)  # type: ignore[method-assign]

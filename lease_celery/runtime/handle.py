@@ -9,15 +9,34 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..checks import encode_checkpoint
 from ..errors import LeaseCancelled, LeaseLost
+from ..models import Lease
+from ..stores.base import Store
 
-if TYPE_CHECKING:
-    from .execution import Execution
+__all__ = ["LeaseHandle", "Owner"]
 
-__all__ = ["LeaseHandle"]
+
+class Owner(Protocol):
+    """What a handle reads of the execution that owns it (``runtime.execution.Execution``),
+    typed here so that the execution, which makes its handle, is the only one of the two
+    that imports the other."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def lost(self) -> str | None: ...
+
+    @property
+    def cancelled(self) -> str | None: ...
+
+    def mark_lost(self, reason: str) -> bool: ...
 
 _UNREAD: Any = object()  # checkpoint_data not read from the store yet
 
@@ -36,7 +55,7 @@ class LeaseHandle:
     moment the last successful request was *sent*, so it never outlives the store's deadline).
     """
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Owner) -> None:
         self._execution = execution
         # The key's checkpoint as this execution knows it: unread (_UNREAD) until asked for.
         self._checkpoint: Any = _UNREAD

@@ -15,22 +15,24 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ..checks import (
     cancel_reason,
     check_delay,
     check_key,
-    check_limit,
     check_owner,
+    check_page_size,
     check_ttl,
     decode_task,
     encode_result,
     encode_task,
 )
+from ..effects import Effects
 from ..errors import (
     ConfigError,
     LeaseLost,
+    StoreDataLost,
     StoreError,
 )
 from ..limits import (
@@ -39,13 +41,14 @@ from ..limits import (
     LimitRefused,
     Rate,
     Waiter,
+    check_concurrency,
     check_group_limit,
-    check_limit_value,
     parse_rate,
 )
 from ..models import (
     EffectState,
     EpochReset,
+    Finding,
     HistoryEntry,
     Lease,
     LeaseRecord,
@@ -56,8 +59,10 @@ from ..models import (
 )
 from .rows import Row, lease_of, receipt_of, record_of
 
-if TYPE_CHECKING:
-    from ..effects import Effects
+#: The key ``diagnose`` reads (lease_celery's own namespace: no task's key).
+DIAGNOSE_KEY = "lease_celery:doctor"
+#: Seconds the store's clock and this host's may differ before ``diagnose`` says so.
+CLOCK_TOLERANCE = 2.0
 
 __all__ = ["DEFAULT_SWEEP_GRACE", "PURGE_BATCH", "Clock", "Row", "Store", "check_lease",
            "effective_interval", "effective_limit", "fence_params", "group_verdict",
@@ -323,15 +328,16 @@ class Store(abc.ABC):
         finish, release or death freed a slot, right after its write, by the sweeper (a dead
         holder frees its slot by expiring), and after an operator raised a limit."""
         rows = self._hand_on(None if group is None else check_key(group),
-                             check_delay(grace, name="grace"), check_limit(limit))
+                             check_delay(grace, name="grace"), check_page_size(limit))
         return [Waiter(group=str(row["grp"]), key=str(row["key"]),
                        task=decode_task(row.get("task") or None), since=float(row["since"]))
                 for row in rows]
 
-    def set_limit(self, group: str, *, limit: int | bool | None = None,
+    def set_limit(self, group: str, *, concurrency: int | bool | None = None,
                   rate: Rate | str | bool | None = None, reset: bool = False) -> LimitGroup:
         """An operator's limit and rate for ``group``, overriding its tasks' until reset:
-        ``limit`` a number, or False to lift it (None: unchanged); ``rate`` as
+        ``concurrency`` (how many of the group may run at once) a number, or False to lift
+        it (None: unchanged); ``rate`` as
         ``lease_rate_limit`` takes it, or False to lift it; ``reset``: back to the tasks'
         own. Returns the group as it is now. Waiters a raised limit lets run are handed on by
         :meth:`hand_on` (``celery leases limit`` does it at once)."""
@@ -339,12 +345,12 @@ class Store(abc.ABC):
         changes: dict[str, Any] = {}
         if reset:
             changes.update(set_limit=None, set_rate=None, set_interval=None)
-        if limit is False:
+        if concurrency is False:
             changes["set_limit"] = 0
-        elif limit is not None and limit is not True:
-            changes["set_limit"] = check_limit_value(limit, name="limit")
-        elif limit is True:
-            raise ConfigError("limit must be a whole number >= 1, or False to lift it")
+        elif concurrency is not None and concurrency is not True:
+            changes["set_limit"] = check_concurrency(concurrency, name="concurrency limit")
+        elif concurrency is True:
+            raise ConfigError("concurrency limit must be a whole number >= 1, or False to lift it")
         if rate is False:
             changes.update(set_rate="", set_interval=0.0)
         elif rate is not None and rate is not True:
@@ -362,7 +368,7 @@ class Store(abc.ABC):
     def limits(self, *, limit: int = 100) -> list[LimitGroup]:
         """The groups the store knows (by name), each with its limit, rate, running and
         waiting counts now."""
-        return [_limit_group_of(row) for row in self._limits(None, check_limit(limit))]
+        return [_limit_group_of(row) for row in self._limits(None, check_page_size(limit))]
 
     def limit_group(self, group: str) -> LimitGroup | None:
         """One group as :meth:`limits` lists it, or None if the store never saw it."""
@@ -407,7 +413,7 @@ class Store(abc.ABC):
         most ``limit`` of them (None: all, in batches of ``PURGE_BATCH``, each its own short
         write); return how many. Tokens are retired: a key claimed again continues."""
         return self._purge_older_than(check_delay(seconds),
-                                      None if limit is None else check_limit(limit))
+                                      None if limit is None else check_page_size(limit))
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -420,7 +426,7 @@ class Store(abc.ABC):
              owner: str | None = None, limit: int = 100) -> list[LeaseRecord]:
         """Rows matching every given filter, most recently updated first."""
         rows = self._find(None if state is None else LeaseState(state), prefix, owner,
-                          check_limit(limit))
+                          check_page_size(limit))
         return [record_of(row) for row in rows]
 
     def stats(self) -> StoreStats:
@@ -456,7 +462,7 @@ class Store(abc.ABC):
         dies between its mark and its re-publish leaves a mark that expires: the row is
         returned again a grace period later. Reads only rows that are not terminal.
         """
-        keys = self._sweep_expired(check_limit(limit), check_delay(grace, name="grace"),
+        keys = self._sweep_expired(check_page_size(limit), check_delay(grace, name="grace"),
                                    uuid.uuid4().hex)
         return [record for key in keys if (record := self.get(key)) is not None]
 
@@ -482,7 +488,7 @@ class Store(abc.ABC):
 
     def history(self, key: str, *, limit: int = 100) -> list[HistoryEntry]:
         """The last ``limit`` events of ``key``, oldest first."""
-        return self._history(check_key(key), check_limit(limit))
+        return self._history(check_key(key), check_page_size(limit))
 
     def history_many(self, keys: Sequence[str], *,
                      limit: int = 100) -> dict[str, list[HistoryEntry]]:
@@ -491,19 +497,19 @@ class Store(abc.ABC):
         wanted = sorted({check_key(key) for key in keys})
         if not wanted:
             return {}
-        found = self._history_many(wanted, check_limit(limit))
+        found = self._history_many(wanted, check_page_size(limit))
         return {key: found.get(key, []) for key in wanted}
 
     def recent_history(self, *, events: Sequence[str] | None = None,
                        limit: int = 100) -> list[HistoryEntry]:
         """The latest ``limit`` events across keys (only ``events``, if given), newest first."""
         return self._recent_history(None if events is None else list(events),
-                                    check_limit(limit))
+                                    check_page_size(limit))
 
     def prune_history(self, seconds: float, *, limit: int = PURGE_BATCH * 10) -> int:
         """Delete up to ``limit`` history entries older than ``seconds``; how many went."""
         # Entries carry the clock of the process that saw them: so does the cutoff.
-        return self._prune_history(time.time() - check_delay(seconds), check_limit(limit))
+        return self._prune_history(time.time() - check_delay(seconds), check_page_size(limit))
 
     # -- fenced writes of the caller's own --------------------------------------------------
 
@@ -522,8 +528,6 @@ class Store(abc.ABC):
     @property
     def effects(self) -> Effects:
         """Idempotent receipts for outside actions, kept in this store (see ``Effects``)."""
-        from ..effects import Effects
-
         effects: Effects | None = self.__dict__.get("_effects")
         if effects is None:
             effects = self.__dict__["_effects"] = Effects(self)
@@ -557,7 +561,7 @@ class Store(abc.ABC):
                     limit: int = 100) -> list[Receipt]:
         """Receipts (only those in ``state``, if given), most recently changed first."""
         rows = self._effect_find(None if state is None else EffectState(state),
-                                 check_limit(limit))
+                                 check_page_size(limit))
         return [receipt_of(row) for row in rows]
 
     def effect_update(self, key: str, *, version: int, state: EffectState,
@@ -593,6 +597,55 @@ class Store(abc.ABC):
         """
         raise ConfigError(f"the {type(self).__name__} keeps no epoch: its database keeps every "
                           "write it acknowledged, and there is nothing to reset")
+
+    # -- what the store says about itself (``celery leases doctor``) ------------------------
+
+    def diagnose(self) -> list[Finding]:
+        """What this store says about the promises it keeps, as doctor's findings: the
+        backend's own (``_diagnose``: durability, eviction, replicas, where its file lives),
+        whether its epoch holds, and its clock against this host's. Doctor prints them as
+        they are, whatever the backend.
+
+        It reads first (connection, schema migrated or refused, file format): a store that
+        cannot be used raises its error (``LeaseError``), which doctor reports."""
+        self.get(DIAGNOSE_KEY)
+        return [*self._epoch_findings(), *self._diagnose(), *self._clock_findings()]
+
+    def _diagnose(self) -> list[Finding]:
+        """The backend's own findings about its server or file (none unless it has some).
+        Never raises for what it could not check: that is a finding too."""
+        return []
+
+    def _epoch_findings(self) -> list[Finding]:
+        """Opening the epoch (as any first use does) says whether the store lost its data;
+        nothing for a store that keeps no epoch."""
+        try:
+            epoch = self.epoch()
+        except StoreDataLost as exc:
+            return [Finding("store.data_lost", "error", "ownership", str(exc))]
+        if epoch is None:
+            return []
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch.created_at))
+        return [Finding("store.epoch", "ok", "ownership",
+                        f"the lease store's epoch {epoch.id} (since {when}) is in place: a "
+                        "server that lost everything since then would have lost it too")]
+
+    def _clock_findings(self) -> list[Finding]:
+        """The store's clock against this host's: leases are judged on the store's alone,
+        but history entries carry each process's time and the history is pruned by it."""
+        try:
+            offset = self.now() - time.time()
+        except StoreDataLost:  # its own finding already; the clock waits for reset-epoch
+            return []
+        if abs(offset) <= CLOCK_TOLERANCE:
+            return []
+        side = "ahead of" if offset > 0 else "behind"
+        return [Finding(
+            "store.clock", "warning", "ownership",
+            f"the lease store's clock is {abs(offset):.1f}s {side} this host's: leases are "
+            "judged on the store's clock, so they hold, but the history's times are each "
+            "process's and read out of order, and its retention prunes by this host's clock. "
+            "Keep both in time (NTP)")]
 
     # -- the backend's primitives -----------------------------------------------------------
     # Each gets checked, encoded arguments and answers with rows (stores.rows) or booleans;

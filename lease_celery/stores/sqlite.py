@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreBusy, StoreError
 from ..limits import Rate
-from ..models import EffectState, HistoryEntry, Lease, LeaseState
+from ..models import EffectState, Finding, HistoryEntry, Lease, LeaseState
 from .base import (
     Clock,
     Row,
@@ -46,6 +46,7 @@ from .sql_glue import (
     grouped,
     purge_in_batches,
 )
+from .sqlite_diagnosis import path_findings
 from .urls import number_option, url_options
 
 __all__ = ["SQLiteStore"]
@@ -503,6 +504,10 @@ class SQLiteStore(Store):
 
     def now(self) -> float:
         return self._now()
+
+    def _diagnose(self) -> list[Finding]:
+        # The path as the URL gives it: a relative one is each worker's working directory.
+        return path_findings(self._parse(self.url, check_paths=False)[0])
 
     # -- effect receipts --------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ Security, in the order a request meets it:
   ``hmac.compare_digest``) and a CSRF token: an HMAC, under a secret made when the app starts,
   of a random session id kept in an ``HttpOnly; SameSite=Strict`` cookie. A cross-site
   ``Origin`` or ``Sec-Fetch-Site`` is refused too. A refusal changes nothing.
-- Each action is recorded in the key's history (``operator:resolve`` / ``operator:discard`` /
-  ``operator:requeue``, detail: ``web <client address>: …``).
+- Each action is one of ``lease_celery.ops`` (the CLI's too), recorded there in the key's
+  history (``operator:resolve`` / ``operator:discard`` / ``operator:requeue``, detail:
+  ``web <client address>: …``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from ..checks import encode_result
-from ..errors import ConfigError, LeaseError, LeaseHeld, StoreError
-from ..execution.delivery import republish
-from ..models import EffectState
+from ..errors import ConfigError, LeaseError, StoreError
+from ..ops import Done, Operations, Refusal
 from ..stores.base import Store
 from ..stores.urls import redact
 from . import pages
@@ -80,18 +80,6 @@ class Response:
     body: bytes
     content_type: str = "text/html; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What an action did: the page to show, and the history entry that records it."""
-
-    title: str
-    message: str
-    key: str  # whose history records it (the receipt's lease key, if it has one)
-    event: str
-    detail: str
-    token: int | None
 
 
 class Refused(Exception):
@@ -351,80 +339,44 @@ class WebApp:
         key = query.get("key", "")
         if not key:
             raise Refused(400, "Which key?", "the action's URL names no key; nothing was changed")
-        who = f"web {environ.get('REMOTE_ADDR') or 'unknown'}"
-        done = _ACTIONS[path](self, key, form, who)
-        message = done.message
+        operations = Operations(self.store, actor=f"web {environ.get('REMOTE_ADDR') or 'unknown'}",
+                                app=self.celery_app)
+        title, act = _ACTIONS[path]
         try:
-            self.store.record_history(done.key, done.event, token=done.token,
-                                      detail=done.detail)
-        except LeaseError as exc:
-            logger.error("dashboard: %s on %r done but not recorded in its history: %s",
-                         done.event, done.key, exc)
-            message += f" (It could not be recorded in the history: {exc}.)"
+            done = act(operations, key, form)
+        except Refusal as exc:
+            raise Refused(404 if exc.missing else 409, _REFUSALS[path], str(exc)) from exc
+        message = _said(done)
+        if done.unrecorded is not None:
+            message += f" (It could not be recorded in the history: {done.unrecorded}.)"
         links = [link(url(base, "/key", key=done.key), "the key's page and history"),
                  link(url(base, "/reconcile"), "the reconciliation queue"),
                  link(url(base, "/"), "the overview")]
         body = Safe(f'<p class="ok">{h(message)}</p><p>Back to: '
                     + " · ".join(links) + "</p>")
-        return self._page(environ, base, done.title, body)
-
-    def _resolve(self, key: str, form: dict[str, str], who: str) -> Outcome:
-        receipt = self.store.effects.get(key)
-        if receipt is None:
-            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
-        if receipt.state is EffectState.DONE:
-            raise Refused(409, "Already done", f"receipt {key!r} is done already; its "
-                          "recorded result was kept")
-        result = _parse_result(form.get("result", ""))
-        try:
-            self.store.effects.resolve(key, result)
-        except LeaseHeld as exc:
-            raise Refused(409, "Still running", str(exc)) from exc
-        encoded = encode_result(result)
-        return Outcome("Resolved", f"Receipt {key!r} is done with result {encoded}: replays "
-                       "return it. Requeue its lease to run the task again.",
-                       receipt.lease_key or key, "operator:resolve",
-                       f"{who}: effect {key!r} resolved (it happened), result {encoded}",
-                       receipt.lease_token)
-
-    def _discard(self, key: str, form: dict[str, str], who: str) -> Outcome:
-        receipt = self.store.effects.get(key)
-        if receipt is None:
-            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
-        try:
-            gone = self.store.effects.discard(key)
-        except LeaseHeld as exc:
-            raise Refused(409, "Still running", str(exc)) from exc
-        if not gone:
-            raise Refused(404, "No such receipt", f"no effect receipt for {key!r}")
-        return Outcome("Discarded", f"Receipt {key!r} is gone: the next attempt performs "
-                       "the action.", receipt.lease_key or key, "operator:discard",
-                       f"{who}: effect {key!r} discarded (it did not happen)",
-                       receipt.lease_token)
-
-    def _requeue(self, key: str, form: dict[str, str], who: str) -> Outcome:
-        reason = form.get("reason", "").strip() or "requeued from the web dashboard"
-        record = self.store.requeue(key, reason=reason)
-        if record is None:
-            now = self.store.get(key)
-            raise Refused(409, "Not dead", f"lease {key!r} is "
-                          f"{now.state.value if now else 'missing'}, not dead: nothing was "
-                          "requeued")
-        if self.celery_app is not None and record.task:
-            try:
-                outcome = f"task {republish(self.celery_app, record.task, retries=0).id} " \
-                          "published"
-            except Exception as exc:  # the broker is down: the sweeper will publish it
-                outcome = f"not published ({exc!r}): a sweeper re-publishes it"
-        else:
-            outcome = "a worker's sweeper re-publishes its task after lease_sweep_grace"
-        return Outcome("Requeued", f"Lease {key!r} is ready again (token {record.token}); "
-                       f"{outcome}.", key, "operator:requeue", f"{who}: {reason}; {outcome}",
-                       record.token)
+        return self._page(environ, base, title, body)
 
 
-_ACTIONS: dict[str, Callable[[WebApp, str, dict[str, str], str], Outcome]] = {
-    "/resolve": WebApp._resolve, "/discard": WebApp._discard, "/requeue": WebApp._requeue}
+def _said(done: Done) -> str:
+    """What the dashboard tells the operator an action did."""
+    if done.action == "resolve":
+        return (f"Receipt {done.effect_key!r} is done with result {encode_result(done.result)}:"
+                " replays return it. Requeue its lease to run the task again.")
+    if done.action == "discard":
+        return f"Receipt {done.effect_key!r} is gone: the next attempt performs the action."
+    return f"Lease {done.key!r} is ready again (token {done.token}); {done.outcome}."
+
+
+#: path -> (the page's title, the action): each one of lease_celery.ops, shared with the CLI.
+_ACTIONS: dict[str, tuple[str, Callable[[Operations, str, dict[str, str]], Done]]] = {
+    "/resolve": ("Resolved", lambda ops, key, form: ops.resolve(
+        key, _parse_result(form.get("result", "")))),
+    "/discard": ("Discarded", lambda ops, key, form: ops.discard(key)),
+    "/requeue": ("Requeued", lambda ops, key, form: ops.requeue(
+        key, reason=form.get("reason", "").strip() or "requeued from the web dashboard")),
+}
+#: path -> the title of its refusal page.
+_REFUSALS = {"/resolve": "Not resolved", "/discard": "Not discarded", "/requeue": "Not requeued"}
 
 
 def _query(environ: dict[str, Any]) -> dict[str, str]:

@@ -20,13 +20,7 @@ from ..execution.completion import Completion
 from ..names import name_problems
 from ..runtime import history
 from ..runtime.heartbeat import Heartbeat
-from ..settings import (
-    metrics_port,
-    recovery_priority_setting,
-    retention,
-    sweep_grace,
-    sweep_interval,
-)
+from ..settings import check_app_settings, metrics_addr, metrics_port, sweep_interval
 from ..stores.registry import open_store
 from .sweeper import SweeperThread, leased_store_urls
 from .visibility import VisibilityExtender, extending_tasks, visibility_timeout
@@ -78,14 +72,11 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
         return
-    try:
-        sweep_grace(app)
-        retention(app)
-        sweep_interval(app)
-        metrics_port(app)
-        recovery_priority_setting(app)  # read at every recovery: refused here, not there
-    except LeaseError as exc:
-        raise SystemExit(f"lease_celery: {exc}") from exc
+    # Every app-wide setting (lease_recovery_priority is read at every recovery): refused
+    # here, not there.
+    refused = check_app_settings(app)
+    if refused:
+        raise SystemExit(f"lease_celery: {refused[0]}") from refused[0]
     for url in leased_store_urls(app):
         try:
             open_store(url).close()
@@ -120,7 +111,7 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     if port:
         from ..metrics import serve
 
-        serve(port, app.conf.get("lease_metrics_addr") or "127.0.0.1")
+        serve(port, metrics_addr(app))
         logger.info("lease metrics served on port %s", port)
     _start_extender(app)
     if interval <= 0:

@@ -20,8 +20,9 @@ import pytest
 import redis
 from celery import Celery
 
-from lease_celery import LeasedTask, doctor
+from lease_celery import LeasedTask
 from lease_celery.doctor import Finding, diagnose
+from lease_celery.stores import sqlite_diagnosis
 from tests.support.docs import rendered_rows
 from tests.support.policy_helpers import PYTHON_M, cli_env, parse_json, run_cli
 from tests.support.private_redis import DURABLE, private_redis
@@ -194,7 +195,7 @@ def fake_mounts(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
             return io.StringIO(text)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(doctor, "open", fake_open, raising=False)
+    monkeypatch.setattr(sqlite_diagnosis, "open", fake_open, raising=False)
 
 
 def test_sqlite_store_on_a_network_file_system_is_an_error(
@@ -211,7 +212,7 @@ def test_sqlite_store_on_a_network_file_system_is_an_error(
 
 def test_filesystem_type_picks_the_longest_mount_point(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_filesystem_type`` (simulated /proc/mounts): the longest mount point containing the
+    """``filesystem_type`` (simulated /proc/mounts): the longest mount point containing the
     path wins; a mount point that is only a string prefix (/mnt/share vs /mnt/shared) does not
     contain it; ``\\040`` in a mount point is a space; no readable mounts table → None."""
     fake_mounts(monkeypatch, "rootfs / ext4 rw 0 0\n"
@@ -220,7 +221,7 @@ def test_filesystem_type_picks_the_longest_mount_point(
                              "filer:/c /mnt/shared/deep 9p rw 0 0\n"
                              "filer:/d /mnt/with\\040space fuse.sshfs rw 0 0\n"
                              "broken-line\n")
-    fs = doctor._filesystem_type
+    fs = sqlite_diagnosis.filesystem_type
     assert fs("/mnt/shared/x.db") == "cifs"
     assert fs("/mnt/shared") == "cifs"
     assert fs("/mnt/shared/deep/x.db") == "9p"
@@ -232,7 +233,7 @@ def test_filesystem_type_picks_the_longest_mount_point(
     def unreadable(path: Any, *args: Any, **kwargs: Any) -> Any:
         raise PermissionError(path)
 
-    monkeypatch.setattr(doctor, "open", unreadable, raising=False)
+    monkeypatch.setattr(sqlite_diagnosis, "open", unreadable, raising=False)
     assert fs("/var/x.db") is None
 
 

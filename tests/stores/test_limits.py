@@ -133,11 +133,11 @@ def test_an_operators_limit_overrides_the_tasks_until_reset(stores: list[Store],
     assert isinstance(claim(a, "k1", group), Lease)
     assert isinstance(claim(a, "k2", group), LimitRefused)
     assert isinstance(claim(a, "k3", group), LimitRefused)
-    raised = b.set_limit("g", limit=2)
+    raised = b.set_limit("g", concurrency=2)
     assert (raised.limit, raised.limit_set, raised.task_limit) == (2, True, 1)
     assert [w.key for w in b.hand_on("g")] == ["k2"]
     assert isinstance(claim(a, "k2", group), Lease)
-    lifted = b.set_limit("g", limit=False)
+    lifted = b.set_limit("g", concurrency=False)
     assert lifted.limit is None and lifted.limit_set
     assert [w.key for w in b.hand_on("g")] == ["k3"]
     assert isinstance(claim(a, "k3", group), Lease)
@@ -155,7 +155,7 @@ def test_bad_limits_are_refused_naming_the_option(stores: list[Store]) -> None:
     with pytest.raises(ConfigError, match="a limit or a rate"):
         GroupLimit("g")
     with pytest.raises(ConfigError, match="limit must be a whole number"):
-        a.set_limit("g", limit=0)
+        a.set_limit("g", concurrency=0)
     with pytest.raises(ConfigError, match="rate must be a rate"):
         a.set_limit("g", rate="ten")
     with pytest.raises(ConfigError, match="give a limit, a rate, or reset"):

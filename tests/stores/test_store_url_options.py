@@ -278,12 +278,13 @@ RECIPES: dict[str, Callable[[Store], object]] = {
     "claim_limited": lambda s: s.claim_limited("walk:l", owner="walker", ttl=10,
                                                limit=GroupLimit("walk", limit=2)),
     "hand_on": lambda s: s.hand_on("walk"),
-    "set_limit": lambda s: s.set_limit("walk", limit=3),
+    "set_limit": lambda s: s.set_limit("walk", concurrency=3),
     "limits": lambda s: s.limits(),
     "limit_group": lambda s: s.limit_group("walk"),
     "now": lambda s: s.now(),
     "epoch": lambda s: s.epoch(),
     "reset_epoch": _reset_epoch,
+    "diagnose": lambda s: s.diagnose(),
     "check_url": lambda s: type(s).check_url(s.url),
     "close": lambda s: s.close(),  # last: the others must not depend on it
 }

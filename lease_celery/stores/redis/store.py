@@ -45,7 +45,15 @@ from ...errors import ConfigError, StoreDataLost, StoreError
 from ...extras import needs
 from ...identity import owned_by
 from ...limits import Rate
-from ...models import EffectState, EpochReset, HistoryEntry, Lease, LeaseState, StoreEpoch
+from ...models import (
+    EffectState,
+    EpochReset,
+    Finding,
+    HistoryEntry,
+    Lease,
+    LeaseState,
+    StoreEpoch,
+)
 from ..base import PURGE_BATCH, Clock, Row, Store, lease_params
 from ..rows import task_id_only
 from ..urls import server_address
@@ -56,6 +64,7 @@ with needs("the Redis lease store", "redis-py", extra="redis"):
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    from .diagnosis import server_findings
     from .options import connection_options
     from .wire import ScriptCaller
 
@@ -779,6 +788,9 @@ class RedisStore(Store):
 
     def now(self) -> float:
         return float(self._call("now", [], []))
+
+    def _diagnose(self) -> list[Finding]:
+        return server_findings(self._client, self._where)
 
     def close(self) -> None:
         self._caller.close()
