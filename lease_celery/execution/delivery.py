@@ -75,11 +75,13 @@ CONTEXT = "context"
 #: Header of a replacement: the context of the delivery it replaces, which it keeps.
 CONTEXT_HEADER = "lease_context"
 #: The options that place a delivery in its canvas: where its outcome goes (callbacks,
-#: errbacks, the rest of its chain, its chord and group) and what it descends from. A broker's
-#: redelivery, a deferral and a retry keep all of them; the same frozen signature applied in
-#: another chain, chord or group changes at least one.
-_PLACE = ("root_id", "parent_id", "group_id", "group_index", "chord", "chain", "link",
-          "link_error")
+#: errbacks, the rest of its chain, the chord it counts towards, its place in a group). A
+#: broker's redelivery, a deferral and a retry keep all of them; the same frozen signature
+#: applied in another chain or chord changes at least one. Not what Celery mints anew each time
+#: it sends the same callbacks (the parent and root ids, and the id of the group it makes of
+#: several callbacks): a callback with a fixed id sent again goes to the same place, and is
+#: the same callback.
+_PLACE = ("group_index", "chord", "chain", "link", "link_error")
 
 
 def delivery_context(options: Mapping[str, Any], inherited: Any = None) -> str:
