@@ -114,15 +114,24 @@ def _matches(answer: Any, told: Any) -> bool:
     return bool(answer == told)
 
 
-def _instants(call: Call, last: float) -> list[float]:
-    """When the call may have taken effect: a granted claim or renewal says exactly; else the
-    ends of its interval (the model's decisions only change once as time passes: a lease
-    expires, a backoff ends), never before the previous call's instant."""
+def _instants(call: Call, last: float, model: Model, pinned: list[float]) -> list[float]:
+    """When the call may have taken effect, never before the previous call's instant: a
+    granted claim or renewal says exactly. Else the instants where anything can change
+    inside its interval: its ends, just before and at each deadline the key's row has (a
+    lease expires, a backoff ends), and the instants other calls' answers pin. (An ending
+    with a settle phase or a backoff writes a deadline counted from its instant: taken just
+    before the lease expires, it leaves the longest phase; either end may be the one.)"""
     if call.known and isinstance(call.answer, list) and call.ttl is not None:
         return [float(call.answer[1]) - call.ttl]
     start = max(call.invoked - SKEW, last)
     end = call.completed + SKEW if math.isfinite(call.completed) else start + 3600.0
-    return [start] if end <= start else [start, end]
+    if end <= start:
+        return [start]
+    deadlines = [t for row in model.rows.values() for t in (row.expires_at, row.not_before)
+                 if t is not None]
+    inside = {t for t in [*pinned, *deadlines, *(t - 1e-6 for t in deadlines)]
+              if start < t < end}
+    return [start, *sorted(inside), end]
 
 
 def explain(calls: list[Call], end: tuple[str, int] | None = None) -> bool:
@@ -142,6 +151,8 @@ def explain(calls: list[Call], end: tuple[str, int] | None = None) -> bool:
         answer=[int(c.answer[0]) - first_token + 1, c.answer[1]]
         if isinstance(c.answer, list) else c.answer) for c in calls]
     final = None if end is None else (end[0], end[1] - first_token + 1)
+    pinned = [float(c.answer[1]) - c.ttl for c in calls
+              if c.known and isinstance(c.answer, list) and c.ttl is not None]
     clock = [0.0]
     seen: set[tuple[frozenset[int], str, float]] = set()
 
@@ -170,7 +181,7 @@ def explain(calls: list[Call], end: tuple[str, int] | None = None) -> bool:
                 break  # a pending call completed before this one began: it goes first
             if not call.known and search(model, done | {i}, last):
                 return True  # its outcome is unknown: it may not have taken effect at all
-            for instant in _instants(call, last):
+            for instant in _instants(call, last, model, pinned):
                 if instant < last - SKEW or instant > call.completed + SKEW:
                     continue
                 trial = copy.deepcopy(model)
