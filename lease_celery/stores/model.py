@@ -7,6 +7,8 @@ of a real run against it. It lives in the package (beside the contract it restat
 only the basic types) because both of those import it, and tests and benchmarks may depend on
 the package but not on each other. Nothing in the package imports it.
 
+One module past the house's ~400 lines on purpose: the contract is read in one place.
+
 What it leaves out, on purpose: history entries and the store-wide fence (their numbers have
 gaps by design), the operator reads' ordering, and the Redis state indexes (a cache of what
 is here). Times are the store's clock, the ``now`` each call is given.

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
@@ -46,6 +47,7 @@ from lease_celery.limits import GroupLimit, LimitRefused, parse_rate
 from lease_celery.models import EffectState, LeaseRecord, LeaseState
 from lease_celery.stores.model import Model, ModelRow
 from lease_celery.testing import ManualClock
+from tests.support.proxy import ReplyDroppingProxy
 from tests.support.servers import PG_DSN, REDIS_STORE_URL
 
 KEYS = ("k1", "k2", "k3")
@@ -101,6 +103,7 @@ class Target:
     clean: Callable[[], None]
     kill: Callable[[], None] | None = None  # kill the store's connections under it
     lose: Callable[[], None] | None = None  # the server loses every key (Redis)
+    proxy: ReplyDroppingProxy | None = None  # PostgreSQL through it: a reply can be lost
 
 
 @contextlib.contextmanager
@@ -139,10 +142,14 @@ def target(kind: str) -> Iterator[Target]:
                     admin.execute("TRUNCATE " + ", ".join(f'"{schema}"."{name}"'
                                                          for name in tables))
 
+        pg = urlsplit(PG_DSN)
+        proxy = ReplyDroppingProxy((pg.hostname or "127.0.0.1", pg.port or 5432))
+        url = urlunsplit((pg.scheme, f"127.0.0.1:{proxy.port}", pg.path,
+                          f"schema={schema}&application_name={app}&sslmode=disable", ""))
         try:
-            yield Target(kind, f"{PG_DSN}?schema={schema}&application_name={app}", empty,
-                         kill)
+            yield Target(kind, url, empty, kill, proxy=proxy)
         finally:
+            proxy.close()
             admin.close()
             drop()
         return
@@ -253,9 +260,17 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
 
         @contextlib.contextmanager
         def replies_lost(self, lose: bool) -> Iterator[None]:
-            """The next script runs, then its reply is lost with the connection."""
+            """The next script (Redis) or statement (PostgreSQL, through the proxy) runs,
+            then its reply is lost with the connection."""
             if not lose:
                 yield
+                return
+            if tgt.proxy is not None:
+                tgt.proxy.drop_reply_to(b"")  # whatever the store sends next
+                try:
+                    yield
+                finally:
+                    tgt.proxy.disarm()
                 return
             caller = self.store._caller  # type: ignore[attr-defined]
             real = caller.run
@@ -522,7 +537,7 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
             tgt.kill()
             self.disturbed = True
 
-        @precondition(lambda self: tgt.kind == "redis")
+        @precondition(lambda self: tgt.kind == "redis" or tgt.proxy is not None)
         @rule(draw=RARE)
         def lose_reply(self, draw: int) -> None:
             if draw:
@@ -590,6 +605,11 @@ def run(kind: str, profile: str, **overrides: Any) -> collections.Counter[str]:
     """Run the machine against a fresh store of ``kind`` with ``profile``'s settings; what
     it did (``STATS``)."""
     STATS.clear()
+    if profile == "short" and kind == "postgres":
+        # Each statement goes through the reply-losing proxy (~3 ms a round trip on the
+        # shared machine): fewer examples keep the store tier's budget. The mutation check
+        # (benchmarks.model_mutations) was run at this number.
+        overrides = {"max_examples": 25, **overrides}
     with target(kind) as tgt:
         machine = make_machine(tgt)
         # LEASE_MODEL_SHRINK=0 (the mutation check): a failure is reported as found, not
