@@ -16,17 +16,17 @@ if run delivery_unfenced acceptedIsCurrent; then
   echo "quint: the planted bug was not found (delivery_unfenced, acceptedIsCurrent)" >&2; exit 1
 fi
 echo "quint: the planted bug breaks acceptedIsCurrent (delivery_unfenced)"
-for witness in jobNeverAccepted callbackNeverAccepted noTakeover; do
+for witness in jobNeverAccepted callbackNeverAccepted noTakeover callbackSentOnce; do
   if run delivery_fenced "$witness"; then
     echo "quint: witness $witness was never reached" >&2; exit 1
   fi
 done
-echo "quint: witnesses reached (an accepted job, an accepted callback, a takeover)"
+echo "quint: witnesses reached (an accepted job, an accepted callback, a takeover, a callback sent twice)"
 # The traces the store tier replays (tests/stores/test_spec_traces.py) are this spec's:
 # written again here, they must have the same states as the committed ones.
 fresh=$(mktemp -d)
 trap 'rm -rf "$fresh"' EXIT
-for seed in 3 5 8 13; do
+for seed in 3 5 8 13 42; do
   npx quint run delivery.qnt --backend=typescript --main=delivery_fenced --invariant=safety \
     --max-samples=1 --max-steps=40 --seed="$seed" --mbt \
     --out-itf="$fresh/seed_${seed}.itf.json" >/dev/null

@@ -4,9 +4,12 @@ are replayed against every store, and after every step each key's row must be th
 
 The traces are spec/traces/*.itf.json, written by ``spec/traces.sh`` (Quint from npm); this
 test needs no Node. A step's store call: a delivery claims (granted exactly when the spec
-hands out a new token), a renewal renews (it must be granted: the spec renews only a current
-lease), a finish finishes (accepted exactly when the spec accepts it); crashes, restarts,
-redeliveries, sweeps and ticks move only the broker, the workers and the clock.
+hands out a new token), or completes a settle phase past its deadline (``claim_settlement``,
+when the spec makes it the row's owner); a renewal renews (it must be granted: the spec
+renews only a current lease); a finish finishes with a settle phase (accepted exactly when
+the spec accepts it); a confirmation settles (True exactly when the spec ends the phase);
+callbacks, crashes, restarts, redeliveries, sweeps and ticks move only the broker, the
+workers and the clock.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from lease_celery.testing import ManualClock
 
 TRACES = sorted((Path(__file__).resolve().parents[2] / "spec" / "traces").glob("*.itf.json"))
 BASE = 1_000.0
-TTL = 3  # the spec's TTL
+TTL = 3  # the spec's TTL and SETTLE
+SETTLE = 2
 STATES = {"Ready": LeaseState.READY, "Live": LeaseState.RUNNING, "Done": LeaseState.DONE}
 
 
@@ -51,8 +55,9 @@ def _states(path: Path) -> list[dict[str, Any]]:
 
 
 def test_the_traces_are_there() -> None:
-    """The replay below is not vacuous: traces exist, they renew, they accept outcomes, and
-    some take a lapsed lease over and refuse the stale holder's finish."""
+    """The replay below is not vacuous: traces exist, they renew, they accept outcomes, some
+    take a lapsed lease over and refuse the stale holder's finish, and some complete a settle
+    phase whose owner died."""
     assert len(TRACES) >= 3
     seen: set[str] = set()
     for path in TRACES:
@@ -69,8 +74,12 @@ def test_the_traces_are_there() -> None:
                 if (after["highest"][key] > before["highest"][key]
                         and before["rows"][key]["state"] == "Live"):
                     seen.add("takeover")
-    assert {"deliver", "renew", "finish", "tick", "accepted", "refused", "takeover"} <= seen, \
-        seen
+                if (after["rows"][key]["settling"]
+                        and after["rows"][key]["owner"] != before["rows"][key]["owner"]
+                        and after["highest"][key] == before["highest"][key]):
+                    seen.add("completion")
+    assert {"deliver", "renew", "finish", "confirm", "tick", "accepted", "refused",
+            "takeover", "completion"} <= seen, seen
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=[path.stem for path in TRACES])
@@ -97,6 +106,11 @@ def _replay(store: Store, clock: ManualClock, states: list[dict[str, Any]]) -> N
             granted = store.claim(key, owner=worker, ttl=TTL)
             grew = after["highest"][key] > before["highest"][key]
             assert (granted is not None) == grew, f"{step}({worker}, {key}): {granted}"
+            completes = (not grew and after["rows"][key]["settling"]
+                         and after["rows"][key]["owner"] != before["rows"][key]["owner"])
+            if completes:
+                granted = store.claim_settlement(key, owner=worker, ttl=SETTLE)
+                assert granted is not None, f"{step}: the settle phase was not taken over"
             if granted is not None:
                 leases[worker] = granted
         elif action == "renew":
@@ -104,7 +118,12 @@ def _replay(store: Store, clock: ManualClock, states: list[dict[str, Any]]) -> N
         elif action == "finish":
             held = before["holding"][worker]
             accepted = after["accepted"][held] != before["accepted"][held]
-            assert store.finish(leases[worker], {"ok": 1}) is accepted, step
+            assert store.finish(leases[worker], {"ok": 1}, settle_within=SETTLE) is accepted, \
+                step
+        elif action == "confirm":
+            held = before["holding"][worker]
+            ended = before["rows"][held]["settling"] and not after["rows"][held]["settling"]
+            assert store.settle(leases[worker]) is ended, step
         for name, row in after["rows"].items():
             record = store.get(name)
             if row["state"] == "None":
@@ -115,5 +134,6 @@ def _replay(store: Store, clock: ManualClock, states: list[dict[str, Any]]) -> N
                 STATES[row["state"]], row["token"]), (step, name, record, row)
             if row["state"] != "Ready":
                 assert record.owner == row["owner"], (step, name, record, row)
-            if row["state"] == "Live":
+            assert record.settling == row["settling"], (step, name, record, row)
+            if row["state"] == "Live" or row["settling"]:
                 assert record.expires_at == BASE + row["expires"], (step, name, record, row)
