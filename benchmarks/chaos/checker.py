@@ -58,6 +58,7 @@ from typing import Any
 from .config import CALLBACK_TASK, JOB_TASK, effect_key
 from .events import Event
 from .history import History, Row
+from .judge import unexplained_dead, unexplained_history
 from .tally import tally
 
 __all__ = ["CHECKS", "Report", "Violation", "check", "main"]
@@ -72,6 +73,8 @@ CHECKS = {
     "callback_lost": "a task with SUCCESS whose LeasedTask callback never ran",
     "double_result_write": "a result written twice while its first writer was alive",
     "backend_mismatch": "the result backend contradicts the lease row",
+    "unexplained_history": "store answers no order of the calls explains (the model's judge)",
+    "unexplained_dead": "a key dead for a reason the faults do not explain",
 }
 TERMINAL = ("done", "dead")
 #: What a store that lost its data (a Redis restarted without persistence) causes by itself:
@@ -118,6 +121,8 @@ def check(history: History) -> Report:
     report.violations += _callback_lost(history, broker)
     report.violations += _double_result_write(history)
     report.violations += _backend_mismatch(history)
+    report.violations += [Violation(*found) for found in unexplained_history(history)]
+    report.violations += [Violation(*found) for found in unexplained_dead(history)]
     refusals = epoch_refusals(history)
     after_loss = [v for v in report.violations if refusals and v.check in FOLLOW_FROM_LOSS]
     if after_loss:

@@ -34,6 +34,7 @@ from celery import signals as celery_signals
 import lease_celery
 from lease_celery.worker import sweeper
 
+from .calls import record_store_calls
 from .config import JOB_TASK, ChaosConfig
 from .events import EventLog
 from .flags import Flags
@@ -58,6 +59,7 @@ def install(config: ChaosConfig, events: EventLog, flags: Flags) -> None:
     lease_celery.signals.lease_finished.connect(
         _on_finished(events, flags, hold=1.25 * config.ttl), weak=False)
     _record_celery(events)
+    record_store_calls(events)
     _install_sweep_kill(events, flags)
     celery_signals.worker_ready.connect(_watchdog(config.harness_pid), weak=False)
 

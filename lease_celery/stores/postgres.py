@@ -369,12 +369,15 @@ class PostgresStore(Store):
             return {(key, owner, int(token)) for key, owner, token in rows}
 
         def settled_already(done: set[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
-            # Re-sent: the first send may have settled some; a settled row keeps its owner.
+            # A settled row keeps the owner and token that settled it: a lease asking again
+            # (the confirmation is idempotent), or a re-send whose first send settled it.
             rows = self._run(lambda conn: conn.execute(
                 self._q["settled_by_owner"], bound).fetchall())
             return done | {(key, owner, int(token)) for key, owner, token in rows}
 
         settled = self._run(settle, if_resent=settled_already)
+        if len(settled) < len({(lease.key, lease.owner, lease.token) for lease in leases}):
+            settled = settled_already(settled)
         return [(lease.key, lease.owner, lease.token) in settled for lease in leases]
 
     def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:

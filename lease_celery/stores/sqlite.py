@@ -406,9 +406,12 @@ class SQLiteStore(Store):
             **fence_params(lease), "checkpoint": data, "now": now}).rowcount == 1)
 
     def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
-        return self._write(lambda conn, now: [conn.execute(
-            _Q["settle"], {**fence_params(lease), "now": now}).rowcount == 1
-            for lease in leases])
+        def settled(conn: sqlite3.Connection, lease: Lease, now: float) -> bool:
+            params = {**fence_params(lease), "now": now}
+            return (conn.execute(_Q["settle"], params).rowcount == 1
+                    or conn.execute(_Q["settled_by_owner"], params).fetchone() is not None)
+
+        return self._write(lambda conn, now: [settled(conn, lease, now) for lease in leases])
 
     def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
         return self._write(lambda conn, now: _row(conn.execute(_Q["claim_settlement"], {

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lease_celery import ConfigError, Lease, LimitRefused, Store
+from lease_celery import ConfigError, Lease, LimitRefused, Store, open_store
 from lease_celery.limits import GroupLimit, parse_rate
 from lease_celery.testing import ManualClock
 
@@ -182,3 +182,30 @@ def test_concurrent_claims_never_grant_more_than_the_limit(stores: list[Store],
     assert sum(isinstance(g, Lease) for g in granted) == 3
     found = stores[0].limit_group("race")
     assert found is not None and (found.running, found.waiting) == (3, 13)
+
+
+def test_redis_a_limited_claim_whose_reply_was_lost_reports_its_slot(
+        redis_store_url: str) -> None:
+    """The limited claim's script ran (the slot granted) but its reply was lost: the re-sent
+    copy is refused, and the lease the first copy granted is recognised by its nonce, with
+    the slot token the row records (it came back without one). Found by the reference model
+    (tests/stores/test_model.py)."""
+    import redis as redis_py
+
+    with open_store(redis_store_url) as store:
+        caller = store._caller  # type: ignore[attr-defined]
+        real, lost = caller.run, []
+
+        def losing(script: object, keys: object, args: object, **kw: object) -> object:
+            answer = real(script, keys, args, **kw)
+            if not lost:
+                lost.append(answer)
+                raise redis_py.ConnectionError("test: the reply was lost")
+            return answer
+
+        store.now()  # the epoch opened before the reply is lost
+        caller.run = losing
+        lease = store.claim_limited("slot:lost", owner="w", ttl=10,
+                                    limit=GroupLimit("slots", 1))
+        assert lost, "the limited claim was not sent"
+        assert isinstance(lease, Lease) and (lease.group, lease.slot) == ("slots", 1)

@@ -9,7 +9,6 @@ reply is a proxy of this test's own in front of the local PostgreSQL.
 from __future__ import annotations
 
 import base64
-import contextlib
 import pickle
 import socket
 import subprocess
@@ -27,6 +26,7 @@ import redis
 
 from lease_celery import Lease, LeaseState, Store, StoreError, open_store
 from tests.support.policy_helpers import free_port
+from tests.support.proxy import ReplyDroppingProxy
 from tests.support.servers import PG_DSN, REDIS_HOST, REDIS_PORT, REDIS_STORE_DB
 
 SHIFT = 3600.0  # how far off the shifted worker's clock runs, in seconds
@@ -389,91 +389,6 @@ def test_postgres_store_reconnects_after_its_connections_are_killed(postgres_url
         record = store.get("report:1")
         assert record is not None
         assert (record.state, record.token, record.result) == (LeaseState.DONE, 1, {"ok": True})
-
-
-class ReplyDroppingProxy:
-    """A TCP proxy on 127.0.0.1 in front of the test PostgreSQL. Once armed with a byte
-    pattern, it forwards the next client message containing it, waits until the server has
-    answered it completely (ReadyForQuery: the autocommit statement has committed), then cuts
-    that client connection instead of passing the answer on: the reply is lost."""
-
-    READY = b"Z\x00\x00\x00\x05"
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.listener.getsockname()[1]
-        self.dropped = 0
-        self._pattern: bytes | None = None
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def drop_reply_to(self, pattern: bytes) -> None:
-        with self._lock:
-            self._pattern = pattern
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self._sockets:
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self._sockets += [client, server]
-            armed = threading.Event()
-            threading.Thread(target=self._to_server, args=(client, server, armed),
-                             daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client, armed),
-                             daemon=True).start()
-
-    @staticmethod
-    def _recv(sock: socket.socket) -> bytes:
-        try:
-            return sock.recv(65536)
-        except OSError:
-            return b""
-
-    def _to_server(self, client: socket.socket, server: socket.socket,
-                   armed: threading.Event) -> None:
-        while data := self._recv(client):
-            with self._lock:
-                if self._pattern is not None and self._pattern in data:
-                    self._pattern = None
-                    armed.set()  # before forwarding: the answer is swallowed from its start
-            try:
-                server.sendall(data)
-            except OSError:
-                break
-        self._cut(client, server)
-
-    def _to_client(self, server: socket.socket, client: socket.socket,
-                   armed: threading.Event) -> None:
-        swallowed = b""
-        while data := self._recv(server):
-            if armed.is_set():
-                swallowed += data
-                if self.READY in swallowed:
-                    with self._lock:
-                        self.dropped += 1
-                    break
-                continue
-            try:
-                client.sendall(data)
-            except OSError:
-                break
-        self._cut(client, server)
-
-    @staticmethod
-    def _cut(*socks: socket.socket) -> None:
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
 
 
 @pytest.fixture

@@ -274,3 +274,24 @@ def test_a_settled_done_row_keeps_its_delivery_context(store: Store,
         assert record is not None and record.state is LeaseState.DONE and not record.settling
         assert record.task == {"options": {"task_id": "t-1"}, "context": "c0ffee"}
         assert (record.task_id, record.context) == ("t-1", "c0ffee")
+
+
+def test_a_settle_confirmed_twice_by_its_own_lease_is_answered_true_both_times(
+        store: Store, clock: ManualClock) -> None:
+    """The confirmation is idempotent (the heartbeat sends it again after an error): the lease
+    that settled its key is told so when it asks again, on every store, as Redis answered and
+    PostgreSQL answered a re-sent one; SQLite and PostgreSQL said False, which the heartbeat
+    logs as "completed by another delivery". A completer's settle is another matter: the
+    first owner's confirmation after it is refused. (Found by the reference model,
+    tests/stores/test_model.py.)"""
+    lease = claim(store, "k")
+    assert store.finish(lease, 1, settle_within=5)
+    assert store.settle(lease) is True
+    assert store.settle(lease) is True
+    assert store.settle_many([lease, lease]) == [True, True]
+    other = claim(store, "other")
+    assert store.kill(other, reason="boom", settle_within=5)
+    clock.advance(5)
+    completer = store.claim_settlement("other", owner="w2", ttl=10)
+    assert completer is not None and store.settle(completer) is True
+    assert store.settle(other) is False  # settled, but by the completer

@@ -156,7 +156,10 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "stores.queries", "stores.sql_glue", "stores.sqlite", "stores.postgres",
                 "stores.pg_connections", "stores.sqlite_diagnosis", "stores.redis.diagnosis",
                 "stores.redis", "stores.redis.store", "stores.redis.lua",
-                "stores.redis.options", "stores.redis.wire", "effects"}),
+                "stores.redis.options", "stores.redis.wire", "effects",
+                # the contract's reference model: basic types only; tests and benchmarks
+                # import it, nothing in the package does
+                "stores.model"}),
     ("settings", {"catalog", "settings", "names"}),
     ("per-process runtime", {"runtime", "runtime.handle", "runtime.heartbeat", "runtime.green",
                              "runtime.history", "runtime.claims", "runtime.execution",

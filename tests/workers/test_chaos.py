@@ -200,6 +200,70 @@ def _stopped_writer_then_redelivery(h: History) -> None:
     h.events.sort(key=lambda e: e["t"])
 
 
+def _calls(key: str, *calls: tuple[float, float, str, dict[str, Any], Any]
+           ) -> Callable[[History], None]:
+    """Store calls recorded as the workers record them: (invoked, completed, op, the lease's
+    fields, answer); ``completed`` None: never answered; answer ``"error"``: raised."""
+    def doctor(h: History) -> None:
+        for n, (invoked, completed, op, fields, answer) in enumerate(calls):
+            call = f"{key}-{n}"
+            h.events.append(_event("store_call", invoked, 21, phase="invoke", call=call, op=op,
+                                   key=key, **fields))
+            if completed is not None:
+                told = {"error": "StoreError"} if answer == "error" else {"answer": answer}
+                h.events.append(_event("store_call", completed, 21, phase="complete",
+                                       call=call, **told))
+        h.events.sort(key=lambda e: e["t"])
+    return doctor
+
+
+W1, W2 = {"owner": "w1", "ttl": 2.0}, {"owner": "w2", "ttl": 2.0}
+T1, T2 = {"owner": "w1", "token": 1}, {"owner": "w2", "token": 2}
+
+
+def _unexplained_dead_reason(h: History) -> None:
+    """The seed's failure: a bug in the body, and every key ends dead for it."""
+    h.rows["job:j3"] = Row("job:j3", "dead", 1, "w:21:x", "failed: AttributeError('x')", 1, 0)
+    h.receipts["send:j3"] = "done"
+
+
+#: The calls of job:j1 in a run where nothing is wrong: a claim renewed, its holder stalled
+#: past its deadline, a takeover at the deadline exactly, the stale finish refused, the new
+#: holder's finish accepted (ending done with token 2, as the clean history's row says), a
+#: renewal whose outcome never came back, and a finish and claim that overlap in time.
+GOOD_CALLS = _calls(
+    "job:j1",
+    (1.0, 1.01, "claim", W1, [1, 3.0]),
+    (2.0, 2.01, "renew", {**T1, "ttl": 2.0}, [1, 4.0]),
+    (3.9, None, "renew", {**T1, "ttl": 2.0}, None),
+    (4.0, 4.02, "claim", W2, [2, 6.0]),
+    (4.01, 4.03, "finish", T1, False),
+    (5.0, 5.01, "finish", T2, True),
+    (5.0, 5.02, "claim", W1, None),
+)
+
+
+#: From a real run (PostgreSQL, 2026-12-06; times shifted): a finish with a settle phase, slow
+#: to answer, whose phase a renewal pinned later extends. Only an instant inside the finish's
+#: interval, before the lease ran out, explains it: the judge once tried only the ends.
+SETTLE_CALLS = _calls(
+    "job:j2",
+    (7.531, 9.134, "claim", W1, [1, 9.552]),
+    (9.134, 10.394, "renew", {**T1, "ttl": 2.0}, [1, 11.137]),
+    (9.135, 11.648, "finish", {**T1, "settle_within": 2.0}, True),
+    (9.635, 12.889, "renew", {**T1, "ttl": 2.0}, [1, 13.636]),
+    (12.901, 12.915, "settle", T1, True),
+)
+
+
+@pytest.mark.parametrize("calls", [GOOD_CALLS, SETTLE_CALLS], ids=["takeover", "settle"])
+def test_a_history_the_model_explains_passes(calls: Callable[[History], None]) -> None:
+    history = copy.deepcopy(clean_history())
+    calls(history)
+    report = check(history)
+    assert report.passed, report.violations
+
+
 #: One defect per check, at least: (the check that must fail, how to doctor the history).
 DEFECTS: dict[str, tuple[str, Callable[[History], None]]] = {
     "a job row left running": ("lost", _row("running")),
@@ -223,6 +287,21 @@ DEFECTS: dict[str, tuple[str, Callable[[History], None]]] = {
     "SUCCESS of another token": ("backend_mismatch", _backend(A, "SUCCESS", {"token": 1})),
     "SUCCESS for a dead row": ("backend_mismatch", _backend(D, "SUCCESS", {"token": 1})),
     "a dead row nobody was told about": ("backend_mismatch", _backend(D, "PENDING")),
+    # The model's judge: store answers that no order of the calls explains.
+    "a double accept": ("unexplained_history", _calls(
+        "job:j2", (1.0, 1.01, "claim", W1, [1, 3.0]), (1.5, 1.51, "finish", T1, True),
+        (1.6, 1.61, "finish", T1, True))),
+    "a stale accept": ("unexplained_history", _calls(
+        "job:j2", (1.0, 1.01, "claim", W1, [1, 3.0]), (3.5, 3.51, "claim", W2, [2, 5.5]),
+        (4.0, 4.01, "finish", T1, True))),
+    "a token regression": ("unexplained_history", _calls(
+        "job:j2", (1.0, 1.01, "claim", W1, [2, 3.0]), (3.5, 3.51, "claim", W2, [1, 5.5]))),
+    "a key lost": ("unexplained_history", _calls(
+        "job:j9", (1.0, 1.01, "claim", W1, [1, 3.0]), (1.5, 1.51, "finish", T1, True))),
+    "a renewal at the deadline": ("unexplained_history", _calls(
+        "job:j2", (1.0, 1.01, "claim", W1, [1, 3.0]),
+        (3.0, 3.0, "renew", {**T1, "ttl": 2.0}, [1, 5.0]))),
+    "a key dead for a bug in the body": ("unexplained_dead", _unexplained_dead_reason),
 }
 
 

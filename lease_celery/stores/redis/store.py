@@ -353,7 +353,11 @@ class RedisStore(Store):
             if reply:
                 return reply
             won = self._claimed_by(key, owner, nonce)
-            return None if won is None else ["granted", "", "", "", "", *won]
+            if won is None:
+                return None
+            # The slot token the first send was granted is on the row, as the reply had it.
+            slot = self._hmget(self._keys(key)[0], ["slot"])[0]
+            return ["granted", slot or "", "", "", "", *won]
 
         reply = self._call(
             "claim_limited",

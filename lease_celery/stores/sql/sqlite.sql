@@ -447,6 +447,13 @@ SET settling = 0, sweep_at = NULL, updated_at = :now,
     task = CASE WHEN state = 'done' AND task IS NOT NULL THEN json_patch(json_object('options', json_object('task_id', json_extract(task, '$.options.task_id'))), json_object('context', json_extract(task, '$.context'))) ELSE task END
 WHERE key = :key AND settling = 1 AND owner = :owner AND token = :token
 
+-- name: settled_by_owner
+-- After a settle that changed nothing: did this very lease settle the row already? (The
+-- confirmation is idempotent: a settled row keeps the owner and token that settled it.)
+SELECT 1 FROM lease_celery_leases
+WHERE key = :key AND settling = 0 AND state IN ('done', 'dead') AND owner = :owner
+  AND token = :token
+
 -- name: claim_settlement
 -- A finished key whose owner neither confirmed nor renewed its settle phase before the
 -- deadline is gone: this delivery completes it (same token; the owner becomes the completer).
