@@ -32,6 +32,7 @@ from .settings import (
     sweep_grace,
     sweep_interval,
 )
+from .slots import schedule_problems
 from .stores.registry import open_store
 from .stores.urls import redact
 from .worker.sweeper import QUEUE_WAIT_GRACES
@@ -465,8 +466,6 @@ def _periodic(app: Any) -> list[Finding]:
     """beat_schedule entries whose LeasedTask would not run once per slot under
     lease_celery.beat: a lease_key equal in every slot (it runs once, ever), a fixed task_id
     as the key, a schedule with no slot rule."""
-    from .beat import schedule_problems
-
     return [Finding(code, "warning", "ownership", message)
             for code, message in schedule_problems(app)]
 
