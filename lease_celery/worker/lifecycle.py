@@ -22,6 +22,7 @@ from ..runtime import history
 from ..runtime.heartbeat import Heartbeat
 from ..settings import check_app_settings, metrics_addr, metrics_port, sweep_interval
 from ..stores.registry import open_store
+from ..stores.urls import redact
 from .sweeper import SweeperThread, leased_store_urls
 from .visibility import VisibilityExtender, extending_tasks, visibility_timeout
 
@@ -80,6 +81,11 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
     for url in leased_store_urls(app):
         try:
             open_store(url).close()
+        except ImportError as exc:
+            # The store's extra is missing: one line, no traceback (the chained import error
+            # only repeats it). Logging is not set up yet at worker_init: SystemExit's
+            # message is what reaches the terminal.
+            raise SystemExit(f"lease_celery: lease_store_url {redact(url)}: {exc}") from None
         except LeaseError as exc:
             logger.critical("lease_store_url %s is not usable: %s", url, exc)
             # SystemExit, not an Exception: Celery's Signal.send would swallow the latter.

@@ -200,3 +200,18 @@ def test_the_docs_tools_are_one_group_and_ci_builds_strictly() -> None:
     assert re.search(r"^(NO_MKDOCS_2_WARNING=1 )?\.venv/bin/mkdocs build --strict "
                      r"--site-dir \"\$\{TMPDIR", ci, re.M)
     assert os.path.isfile(REPO / "mkdocs.yml")
+
+
+def test_every_dependency_group_install_upgrades_pip_first() -> None:
+    """``pip install … --group G`` needs pip 25.1 or later, and a fresh venv of Python 3.11
+    bundles pip 23.2 ("no such option: --group"): every such command the README and the docs
+    give a reader upgrades pip in the same command, before it."""
+    pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", *PAGES]
+    found = []
+    for page in pages:
+        for line in page.read_text().splitlines():
+            for command in re.findall(r"[^`\n]*pip install [^`\n]*--group[^`\n]*", line):
+                found.append(command)
+                assert re.search(r"pip install (-q )?(-U|--upgrade) pip\b.*&&.*--group",
+                                 command), f"{page.name}: {command}"
+    assert found, "no dependency group install found: the test would check nothing"

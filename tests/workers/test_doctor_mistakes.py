@@ -384,3 +384,26 @@ def _wait_for_log(log: Path, marker: str, *, count: int = 1, timeout: float = 60
             return
         time.sleep(0.2)
     raise AssertionError(f"{marker!r} x{count} not in the worker's log: {text}")
+
+
+def test_one_refused_task_brings_no_false_findings(sqlite_url: str) -> None:
+    """An app whose only LeasedTask is refused (a typo in its lease_key) gets the error that
+    names it, and nothing that is only true because doctor could not make that task: not "no
+    task uses base=LeasedTask", and not "these tasks have no time limit" while
+    task_time_limit=600 bounds every task."""
+    app = Celery("typo", broker="redis://127.0.0.1:6379/11", set_as_current=False)
+    app.conf.update({
+        "broker_transport_options": {"visibility_timeout": 3600},
+        "task_acks_late": True, "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1, "task_time_limit": 600, "task_default_priority": 5,
+        "lease_store_url": sqlite_url})
+
+    @app.task(base=LeasedTask, bind=True, shared=False, name="typo.report",
+              lease_key="report:{reportid}")
+    def report(self: LeasedTask, report_id: int) -> int:
+        return report_id
+
+    found = diagnose(app)
+    assert [f.code for f in found if f.severity == "error"] == ["settings.invalid"], found
+    assert "reportid" in errors_of(found)["settings.invalid"][0]
+    assert [f for f in found if f.severity == "warning"] == [], found
