@@ -215,3 +215,14 @@ def test_every_dependency_group_install_upgrades_pip_first() -> None:
                 assert re.search(r"pip install (-q )?(-U|--upgrade) pip\b.*&&.*--group",
                                  command), f"{page.name}: {command}"
     assert found, "no dependency group install found: the test would check nothing"
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    """Every page of docs/ is reachable from the site's navigation (mkdocs.yml ``nav``): a
+    page left out is built but found only by a reader who already has its address."""
+    config = (REPO / "mkdocs.yml").read_text()
+    nav = config[config.index("\nnav:"):]
+    listed = set(re.findall(r"^\s+- (?:[^:\n]+: )?([\w./-]+\.md)$", nav, re.MULTILINE))
+    pages = {str(page.relative_to(DOCS)) for page in PAGES}
+    assert pages - listed == set(), "add these pages to mkdocs.yml's nav"
+    assert "porting.md" in listed
