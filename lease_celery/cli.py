@@ -254,6 +254,9 @@ def show(ctx: Context, key: str) -> None:
         _fail(ctx, f"no lease for key {key!r}")
     assert record is not None
     data = _record_dict(record)
+    note = internal_row(key)
+    if note is not None:  # lease_celery's own row: say what it is, right under its key
+        data = {"key": data.pop("key"), "what": note, **data}
     data["history"] = [asdict(entry) for entry in recent]
     text = "\n".join(f"{name:>11}: {_show_value(name, value, now)}"
                      if name != "expires_at" else f"{name:>11}: {_deadline(record, now)}"

@@ -354,6 +354,8 @@ def test_list_hides_internal_rows_unless_all(store: Store, cli: Cli) -> None:
     direct = next(line for line in lines if line.startswith("direct:"))
     assert "answer to a duplicate" in answer and "direct call" in direct, every.stdout
     assert len(parse_json(cli("--json", "list", "--all"))) == 6
+    shown = cli("show", "notify:1#answer:0f1e")
+    assert shown.returncode == 0 and "answer to a duplicate" in shown.stdout, shown.stdout
 
 
 def _unknown_outcome(store: Store, key: str, lease_key: str) -> str:
