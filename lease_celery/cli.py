@@ -23,8 +23,8 @@ import click
 from .doctor import diagnose
 from .errors import ConfigError, InvalidKey, LeaseError
 from .limits import LimitGroup, check_concurrency, parse_rate
-from .models import HistoryEntry, LeaseRecord, LeaseState
-from .ops import Done, Operations, Refusal
+from .models import EffectState, HistoryEntry, LeaseRecord, LeaseState, Receipt
+from .ops import Done, Operations, Refusal, internal_row
 from .settings import store_url_of
 from .stores.base import Store
 from .stores.registry import open_store
@@ -201,28 +201,42 @@ def _named_app(click_ctx: click.Context) -> tuple[Any, BaseException | None]:
     return (app if named else None), load_error
 
 
+#: How many rows ``list`` reads per row it shows, so that hidden internal rows do not
+#: shorten the page (a page of them beyond that is counted in the footer instead).
+_LIST_READ_AHEAD = 4
+
+
 @leases.command(name="list")
 @click.option("--state", type=click.Choice([s.value for s in LeaseState]))
 @click.option("--prefix", help="Only keys starting with this.")
 @click.option("--owner", help="Only leases of this owner: an execution (hostname:pid:uuid/n) "
               "or every execution of a process (hostname:pid:uuid).")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the rows lease_celery keeps for itself (answers to duplicates, "
+                   "direct calls), each named for what it is.")
 @_common
 @click.pass_obj
 def list_(ctx: Context, state: str | None, prefix: str | None, owner: str | None,
-          limit: int) -> None:
+          limit: int, show_all: bool) -> None:
     """List leases, most recently changed first."""
     with ctx.store() as store:
-        records = store.find(state=None if state is None else LeaseState(state), prefix=prefix,
-                             owner=owner, limit=limit)
+        found = store.find(state=None if state is None else LeaseState(state), prefix=prefix,
+                           owner=owner, limit=limit if show_all else limit * _LIST_READ_AHEAD)
         now = store.now()
+    records = [r for r in found if show_all or internal_row(r.key) is None][:limit]
+    hidden = 0 if show_all else sum(1 for r in found if internal_row(r.key) is not None)
     rows = [(_printable(r.key), r.state.value, str(r.token), f"{r.attempts}/{r.takeovers}",
              _age(r.expires_at, now) if r.state is LeaseState.RUNNING else "-",
-             _printable(r.owner or "-")) for r in records]
-    header = ("KEY", "STATE", "TOKEN", "TRIES/TAKEOVERS", "EXPIRES", "OWNER")
+             _printable(r.owner or "-"), internal_row(r.key) or "") for r in records]
+    header = ("KEY", "STATE", "TOKEN", "TRIES/TAKEOVERS", "EXPIRES", "OWNER",
+              "NOTE" if show_all else "")
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in (header, *rows)]
+    if hidden:
+        lines.append(f"({hidden} internal rows hidden: answers to duplicates, direct calls; "
+                     "--all lists them)")
     _emit(ctx, [_record_dict(r) for r in records], "\n".join(lines))
 
 
@@ -240,8 +254,12 @@ def show(ctx: Context, key: str) -> None:
         _fail(ctx, f"no lease for key {key!r}")
     assert record is not None
     data = _record_dict(record)
+    note = internal_row(key)
+    if note is not None:  # lease_celery's own row: say what it is, right under its key
+        data = {"key": data.pop("key"), "what": note, **data}
     data["history"] = [asdict(entry) for entry in recent]
     text = "\n".join(f"{name:>11}: {_show_value(name, value, now)}"
+                     if name != "expires_at" else f"{name:>11}: {_deadline(record, now)}"
                      for name, value in data.items() if name != "history")
     lines = [_history_line(entry, now) for entry in recent] or ["(none yet)"]
     _emit(ctx, data, text + f"\n    history (last {SHOW_HISTORY}; `history KEY` for all):\n"
@@ -283,6 +301,21 @@ def _unrecorded(done: Done) -> None:
     if done.unrecorded is not None:
         click.echo(f"warning: {done.event} on {_printable(done.key)} was done but not recorded "
                    f"in its history: {_one_line(done.unrecorded)}", err=True)
+
+
+def _deadline(record: LeaseRecord, now: float) -> str:
+    """The lease's deadline as ``show`` prints it: a countdown only while someone holds the
+    key. A row that is not running keeps the deadline of its last lease, which no longer
+    means anything (the lease ended when the key became done, dead or ready); a running row
+    past its deadline is held by no one until it is taken over."""
+    if record.expires_at is None:
+        return "-"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.expires_at))
+    if record.state is not LeaseState.RUNNING:
+        return f"{when} UTC (released: the key is {record.state.value}, no one holds it)"
+    if record.expires_at <= now:  # the boundary instant counts as expired (the store's rule)
+        return f"{when} UTC (expired {now - record.expires_at:.0f}s ago: no one holds it)"
+    return f"{when} UTC ({_age(record.expires_at, now)})"
 
 
 def _show_value(name: str, value: Any, now: float) -> str:
@@ -477,6 +510,81 @@ def limit(ctx: Context, group: str, new_limit: str | None, new_rate: str | None,
     assert found is not None
     _emit(ctx, {**asdict(found), "handed_on": [w.key for w in handed]},
           _group_line(found) + (f"; {len(handed)} waiter(s) published" if handed else ""))
+
+
+def _receipt_line(receipt: Receipt, now: float) -> tuple[str, ...]:
+    lease = ("-" if receipt.lease_key is None
+             else f"{receipt.lease_key} (token {receipt.lease_token})")
+    return (_printable(receipt.key), receipt.state.value, str(receipt.attempts),
+            _printable(lease), _age(receipt.updated_at, now))
+
+
+@leases.group(invoke_without_command=True)
+@click.option("--state", type=click.Choice([s.value for s in EffectState]),
+              help="Only receipts in this state (needs_reconciliation: the ones to reconcile).")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@_common
+@click.pass_context
+def effects(click_ctx: click.Context, state: str | None, limit: int) -> None:
+    """List effect receipts, most recently changed first; reconcile one whose outcome is
+    unknown with `effects resolve KEY --result JSON` (it happened) or `effects discard KEY`
+    (it did not)."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    ctx = click_ctx.find_object(Context)
+    assert ctx is not None
+    with ctx.store() as store:
+        receipts = store.effects.find(None if state is None else EffectState(state),
+                                      limit=limit)
+        now = store.now()
+    header = ("KEY", "STATE", "ATTEMPTS", "LEASE", "CHANGED")
+    rows = [header, *(_receipt_line(r, now) for r in receipts)]
+    widths = [max(len(c) for c in col) for col in zip(*rows, strict=True)]
+    _emit(ctx, [{**asdict(r), "state": r.state.value} for r in receipts],
+          "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                    for row in rows))
+
+
+def _json_argument(_: click.Context, __: click.Parameter, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not JSON ({exc})") from exc
+
+
+@effects.command()
+@click.argument("key")
+@click.option("--result", required=True, metavar="JSON", callback=_json_argument,
+              help="What the action returned (as found at the target): replays return it.")
+@_common
+@click.pass_obj
+def resolve(ctx: Context, key: str, result: Any) -> None:
+    """Record that the receipt's action happened, with its result (refused while an attempt
+    is still running under a current lease)."""
+    with ctx.store() as store:
+        try:
+            done = _operations(ctx, store).resolve(key, result)
+        except Refusal as exc:
+            _fail(ctx, str(exc))
+    _unrecorded(done)
+    _emit(ctx, {"resolved": key, "result": result},
+          f"resolved {_printable(key)}: replays return {json.dumps(result)}")
+
+
+@effects.command()
+@click.argument("key")
+@_common
+@click.pass_obj
+def discard(ctx: Context, key: str) -> None:
+    """Remove the receipt (its action did not happen): the next attempt performs it."""
+    with ctx.store() as store:
+        try:
+            done = _operations(ctx, store).discard(key)
+        except Refusal as exc:
+            _fail(ctx, str(exc))
+    _unrecorded(done)
+    _emit(ctx, {"discarded": key},
+          f"discarded {_printable(key)}: the next attempt performs the action")
 
 
 #: What an operator accepts with ``reset-epoch``, said before and after the reset.

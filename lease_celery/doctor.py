@@ -32,6 +32,7 @@ from .settings import (
     sweep_grace,
     sweep_interval,
 )
+from .slots import schedule_problems
 from .stores.registry import open_store
 from .stores.urls import redact
 from .worker.sweeper import QUEUE_WAIT_GRACES
@@ -75,8 +76,11 @@ def diagnose(app: Any, *, store_url: str | None = None,
         except LeaseError as exc:
             findings.append(_invalid(exc))
     if not tasks:
-        findings.append(Finding("tasks.none", "warning", "ownership",
-                                "no task uses base=LeasedTask: nothing here is leased"))
+        # A task refused while it was made (``made``) is a LeasedTask doctor could not make:
+        # its error says so; "no task is leased" would be false.
+        if not made:
+            findings.append(Finding("tasks.none", "warning", "ownership",
+                                    "no task uses base=LeasedTask: nothing here is leased"))
         try:
             settings_by_task[""] = resolve_settings(app)
         except LeaseError as exc:
@@ -183,6 +187,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _longest_task(app: Any, tasks: list[Any]) -> float | None:
+    """The longest time limit of ``tasks``, or None when one has none. With no task made
+    (none leased, or every one refused: an error already), the app's task_time_limit, the
+    only limit known."""
+    if not tasks:
+        return float(app.conf.task_time_limit) if app.conf.task_time_limit else None
     limits = [t.time_limit or app.conf.task_time_limit for t in tasks]
     known = [float(x) for x in limits if x]
     return max(known) if len(known) == len(limits) and known else None
@@ -465,8 +474,6 @@ def _periodic(app: Any) -> list[Finding]:
     """beat_schedule entries whose LeasedTask would not run once per slot under
     lease_celery.beat: a lease_key equal in every slot (it runs once, ever), a fixed task_id
     as the key, a schedule with no slot rule."""
-    from .beat import schedule_problems
-
     return [Finding(code, "warning", "ownership", message)
             for code, message in schedule_problems(app)]
 
@@ -477,7 +484,11 @@ def _store(url: str) -> list[Finding]:
     try:
         with open_store(url) as store:
             return store.diagnose()
-    except (LeaseError, ValueError, ImportError) as exc:
+    except ImportError as exc:  # the URL is fine: the store's extra is not installed
+        return [Finding("store.extra_missing", "error", "ownership",
+                        f"lease_store_url {redact(url)} names a store whose driver is not "
+                        f"installed here: {exc}")]
+    except (LeaseError, ValueError) as exc:
         return [Finding("store.unreachable", "error", "ownership",
                         f"lease store {redact(url)} cannot be used: {exc}")]
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import random
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -225,8 +226,10 @@ class Effects:
         return EffectOutcomeUnknown(
             f"effect {receipt.key!r} needs reconciliation: an attempt by {receipt.lease_owner} "
             f"(lease {receipt.lease_key!r} token {receipt.lease_token}) started and never "
-            "recorded its outcome. Check the target, then store.effects.resolve(key, result) "
-            "if it happened or store.effects.discard(key) if it did not")
+            f"recorded its outcome. Check the target, then: celery -A APP leases effects "
+            f"resolve {shlex.quote(receipt.key)} --result JSON if it happened, or celery -A APP "
+            f"leases effects discard {shlex.quote(receipt.key)} if it did not (in Python: "
+            "store.effects.resolve(key, result) / store.effects.discard(key))")
 
     # -- what a person uses to reconcile ----------------------------------------------------
 

@@ -16,9 +16,13 @@ from typing import Any
 from .checks import check_key
 from .errors import ConfigError, InvalidKey
 
-__all__ = ["KeySpec", "check_key_spec", "message_key", "resolve_key"]
+__all__ = ["DIRECT_KEY_PREFIX", "KeySpec", "check_key_spec", "message_key", "resolve_key"]
 
 KeySpec = str | Callable[..., str] | None
+#: The key of a direct call (``task(...)``, an errback Celery calls with ``(request, exc,
+#: traceback)``) of a task with no ``lease_key``: it has no delivery id to key on, so it runs
+#: under a lease of its own, ``direct:<uuid4>``, that no other call shares.
+DIRECT_KEY_PREFIX = "direct:"
 
 
 def _field_roots(template: str, name: str = "lease_key") -> list[str]:

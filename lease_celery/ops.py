@@ -22,14 +22,16 @@ from typing import Any
 
 from .checks import encode_result
 from .errors import ConfigError, LeaseError, LeaseHeld
+from .execution.answers import ANSWER_MARK
 from .execution.delivery import republish
 from .execution.limited import publish_waiters
+from .keys import DIRECT_KEY_PREFIX
 from .limits import LimitGroup, Waiter
 from .models import EffectState, EpochReset, LeaseRecord, LeaseState
 from .stores.base import Store
 
 __all__ = ["ACTIONS", "LIMIT_KEY_PREFIX", "STORE_KEY", "Done", "Operations", "Refusal",
-           "event_of", "state_of"]
+           "event_of", "internal_row", "state_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,22 @@ def event_of(action: str) -> str:
     if action not in ACTIONS:
         raise ValueError(f"{action!r} is not an operator action ({', '.join(ACTIONS)})")
     return f"operator:{action}"
+
+
+def internal_row(key: str) -> str | None:
+    """What a row lease_celery keeps for itself is, or None for a user's key.
+
+    Such rows are leases like any other (fenced, settled, swept, pruned by lease_retention),
+    but they are not work a user named: the answer to a duplicate delivered under another
+    task id (``KEY#answer:ID``, ``execution.answers``) and a direct call of a task that has
+    no lease_key (``direct:UUID``, ``keys.DIRECT_KEY_PREFIX``). Listings leave them out
+    unless asked, and name them when shown."""
+    if ANSWER_MARK in key:
+        return ("answer to a duplicate delivered under another task id (its own result and "
+                "callbacks)")
+    if key.startswith(DIRECT_KEY_PREFIX):
+        return "direct call of a task without lease_key (an errback, task(...))"
+    return None
 
 
 class Refusal(LeaseError):

@@ -98,7 +98,10 @@ class Ending:
         if jitter:  # (a rate's deferral is spread over its own interval: execution.limited)
             countdown += random.uniform(0, self.settings.ttl / 10)
         republish_later(self.task, args, kwargs, countdown, recovery=recovery)
-        logger.info("delivery %s of %s deferred by %.2fs: %s", request.id, key, countdown, why)
+        # Said before Celery's own "Task … ignored" for this message (Ignore acks it), so the
+        # reader knows the work was re-published, not dropped.
+        logger.info("delivery %s of %s re-published to run again in %.2fs (%s); this copy is "
+                    "acked, and Celery logs it as ignored", request.id, key, countdown, why)
         signals.duplicate_deferred.send(sender=self.task, key=key, countdown=countdown,
                                         holder=holder, reason=why)
         raise Ignore()

@@ -34,7 +34,7 @@ from ..errors import (
     StoreError,
 )
 from ..identity import execution_owner
-from ..keys import resolve_key
+from ..keys import DIRECT_KEY_PREFIX, resolve_key
 from ..limits import GroupLimit, LimitRefused
 from ..models import Lease, LeaseRecord, LeaseState
 from ..runtime.claims import InFlight
@@ -101,7 +101,8 @@ class Gate:
         request, heartbeat = self.request, self.heartbeat
         # A direct call has no delivery id; it is still the protected work, so it runs under a
         # lease too, on a key of its own unless lease_key names one.
-        task_id = request.id or (f"direct:{uuid.uuid4()}" if request.called_directly else None)
+        task_id = request.id or (f"{DIRECT_KEY_PREFIX}{uuid.uuid4()}"
+                                 if request.called_directly else None)
         key = resolve_key(self.task.lease_key, self.task.run, self.args, self.kwargs,
                           task_id=task_id)
         limit = group_of(self.task, self.settings, self.args, self.kwargs)

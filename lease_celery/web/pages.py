@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..limits import LimitGroup
 from ..models import EffectState, HistoryEntry, LeaseRecord, LeaseState, Receipt
+from ..ops import internal_row
 from ..stores.base import Store
 from .html import Safe, ago, h, join, json_block, link, table, url, when
 from .timeline import timeline_svg
@@ -40,7 +41,13 @@ class View:
     csrf: str | None  # None: read-only, no forms
 
     def key_link(self, key: str | None) -> Safe:
-        return Safe("&ndash;") if key is None else link(url(self.base, "/key", key=key), key)
+        """A link to the key's page; a row lease_celery keeps for itself carries a note saying
+        what it is, so that it never reads as a user's key (``ops.internal_row``)."""
+        if key is None:
+            return Safe("&ndash;")
+        note = internal_row(key)
+        found = link(url(self.base, "/key", key=key), key)
+        return found if note is None else Safe(f'{found} <small class="note">({h(note)})</small>')
 
     def receipt_link(self, key: str) -> Safe:
         return link(url(self.base, "/receipt", key=key), key)
@@ -264,6 +271,7 @@ def key_page(view: View, key: str) -> Page:
         task = record.task or {}
         parts.append(_fields([
             ("key", record.key),
+            *([("what", internal_row(record.key))] if internal_row(record.key) else []),
             ("state", Safe(f'<span class="st st-{h(record.state.value)}">'
                            f"{h(record.state.value)}</span>"
                            + (" (settling)" if record.settling else ""))),

@@ -15,13 +15,14 @@ from typing import Any
 from celery import signals as celery_signals
 
 from ..apps import leased_tasks
+from ..doctor import diagnose
 from ..errors import LeaseError
 from ..execution.completion import Completion
-from ..names import name_problems
 from ..runtime import history
 from ..runtime.heartbeat import Heartbeat
 from ..settings import check_app_settings, metrics_addr, metrics_port, sweep_interval
 from ..stores.registry import open_store
+from ..stores.urls import redact
 from .sweeper import SweeperThread, leased_store_urls
 from .visibility import VisibilityExtender, extending_tasks, visibility_timeout
 
@@ -80,6 +81,11 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
     for url in leased_store_urls(app):
         try:
             open_store(url).close()
+        except ImportError as exc:
+            # The store's extra is missing: one line, no traceback (the chained import error
+            # only repeats it). Logging is not set up yet at worker_init: SystemExit's
+            # message is what reaches the terminal.
+            raise SystemExit(f"lease_celery: lease_store_url {redact(url)}: {exc}") from None
         except LeaseError as exc:
             logger.critical("lease_store_url %s is not usable: %s", url, exc)
             # SystemExit, not an Exception: Celery's Signal.send would swallow the latter.
@@ -87,15 +93,29 @@ def _check_stores(sender: Any = None, **_: Any) -> None:
                              ) from exc
 
 
-def _log_name_problems(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """Once at start (logging is set up by then): every ``lease_*`` name of the app that
-    lease_celery never reads, as ``celery leases doctor`` reports it. A misspelled name
-    breaks nothing, so the worker still starts; it just does nothing."""
+def _log_findings(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Once per worker, at start, in its main process (``celeryd_after_setup``: logging is
+    set up, the pool not yet started, so no pool process repeats it): each warning and error
+    ``celery leases doctor`` finds for this worker's app, one line each, with its code.
+
+    Users read a worker's log long before they learn that doctor exists. Nothing found here
+    stops the worker: what must stop it (a store that cannot open, a refused app setting)
+    already did at ``worker_init``; a misspelled name breaks nothing, it does nothing. The
+    report never fails the start either: a diagnosis that cannot run is one line saying so."""
     app = getattr(instance, "app", None)
     if app is None:
         return
-    for problem in name_problems(app, leased_tasks(app)):
-        logger.warning("lease_celery: %s", problem.message)
+    try:
+        findings = diagnose(app)
+    except Exception as exc:  # diagnose never raises on what it judges; this is a safety net
+        logger.warning("lease_celery doctor: could not check the app: %s: %s",
+                       type(exc).__name__, exc)
+        return
+    for finding in findings:
+        if finding.severity == "ok":
+            continue
+        level = logging.ERROR if finding.severity == "error" else logging.WARNING
+        logger.log(level, "lease_celery doctor: [%s] %s", finding.code, finding.message)
 
 
 def _on_process_shutdown(**_: Any) -> None:
@@ -165,7 +185,7 @@ def _sweep_interval(app: Any) -> float:
 def install() -> None:
     """Connect the worker's lifecycle signals (wiring)."""
     for signal, receiver in ((celery_signals.worker_init, _check_stores),
-                             (celery_signals.celeryd_after_setup, _log_name_problems),
+                             (celery_signals.celeryd_after_setup, _log_findings),
                              (celery_signals.worker_process_shutdown, _on_process_shutdown),
                              (celery_signals.worker_ready, _start_sweeper),
                              (celery_signals.worker_shutdown, _on_worker_shutdown)):

@@ -189,6 +189,21 @@ def test_every_page_renders_with_its_data(store: Store, app: WebApp) -> None:
     assert client.get("/receipt").status == 400
 
 
+def test_lease_celerys_own_rows_are_named_for_what_they_are(store: Store, app: WebApp) -> None:
+    """A row lease_celery keeps for itself (the answer to a duplicate, ``KEY#answer:ID``; a
+    direct call, ``direct:UUID``) is never shown as if it were a user's key: wherever the
+    dashboard lists or shows one, a note says what it is."""
+    answer = store.claim("notify:1#answer:0f1e", owner="w1:1:aa/1", ttl=600)
+    direct = store.claim("direct:9c2b", owner="w1:1:aa/2", ttl=600)
+    assert answer is not None and direct is not None
+    client = Client(app)
+    running = client.get("/running")
+    assert running.status == 200
+    assert "answer to a duplicate" in running.text and "direct call" in running.text
+    assert "answer to a duplicate" in client.get("/key", key="notify:1#answer:0f1e").text
+    assert "direct call" in client.get("/key", key="direct:9c2b").text
+
+
 def test_keys_reasons_and_details_are_escaped_everywhere(store: Store, app: WebApp) -> None:
     """A key, reason, effect key and history detail holding ``<script>`` and quotes appear as
     text on every page (never as a tag or broken attribute), and links carry the key

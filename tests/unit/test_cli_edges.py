@@ -32,7 +32,7 @@ COMMANDS: dict[str, list[str]] = {
     "list": [], "show": ["k"], "history": ["k"], "release": ["k"], "cancel": ["k"],
     "requeue": ["k"], "purge": ["--older-than", "1d"], "stats": [], "sweep": [],
     "doctor": [], "web": ["--port", "0"], "reset-epoch": ["--accept-data-loss"],
-    "limits": [], "limit": ["g", "--limit", "2"],
+    "limits": [], "limit": ["g", "--limit", "2"], "effects": ["discard", "k"],
 }
 
 

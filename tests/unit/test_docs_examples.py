@@ -200,3 +200,29 @@ def test_the_docs_tools_are_one_group_and_ci_builds_strictly() -> None:
     assert re.search(r"^(NO_MKDOCS_2_WARNING=1 )?\.venv/bin/mkdocs build --strict "
                      r"--site-dir \"\$\{TMPDIR", ci, re.M)
     assert os.path.isfile(REPO / "mkdocs.yml")
+
+
+def test_every_dependency_group_install_upgrades_pip_first() -> None:
+    """``pip install … --group G`` needs pip 25.1 or later, and a fresh venv of Python 3.11
+    bundles pip 23.2 ("no such option: --group"): every such command the README and the docs
+    give a reader upgrades pip in the same command, before it."""
+    pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", *PAGES]
+    found = []
+    for page in pages:
+        for line in page.read_text().splitlines():
+            for command in re.findall(r"[^`\n]*pip install [^`\n]*--group[^`\n]*", line):
+                found.append(command)
+                assert re.search(r"pip install (-q )?(-U|--upgrade) pip\b.*&&.*--group",
+                                 command), f"{page.name}: {command}"
+    assert found, "no dependency group install found: the test would check nothing"
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    """Every page of docs/ is reachable from the site's navigation (mkdocs.yml ``nav``): a
+    page left out is built but found only by a reader who already has its address."""
+    config = (REPO / "mkdocs.yml").read_text()
+    nav = config[config.index("\nnav:"):]
+    listed = set(re.findall(r"^\s+- (?:[^:\n]+: )?([\w./-]+\.md)$", nav, re.MULTILINE))
+    pages = {str(page.relative_to(DOCS)) for page in PAGES}
+    assert pages - listed == set(), "add these pages to mkdocs.yml's nav"
+    assert "porting.md" in listed

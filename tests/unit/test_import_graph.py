@@ -173,8 +173,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                          "execution.completion", "execution.replaced"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
-                         "beat", "wiring", "metrics"}),
-    ("edges", {"", "__main__", "cli", "doctor", "ops", "otel", "testing", "pytest_plugin", "web",
+                         "beat", "slots", "wiring", "metrics", "doctor"}),
+    ("edges", {"", "__main__", "cli", "ops", "otel", "testing", "pytest_plugin", "web",
                "web.app",
                "web.pages", "web.html", "web.timeline", "web.serve"}),
 ]

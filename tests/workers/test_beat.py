@@ -42,19 +42,17 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 
 from lease_celery import LeasedTask
 from lease_celery.beat import (
-    EPOCH,
     SLOT,
     AlignedInterval,
     LeasedScheduler,
     LeasedSchedulerMixin,
     NotSlotted,
-    cron_slot,
-    interval_slot,
     request_slot,
     slot_of,
     slot_task_id,
 )
 from lease_celery.doctor import diagnose
+from lease_celery.slots import EPOCH, cron_slot, interval_slot
 from tests.support.servers import REDIS_HOST, REDIS_PORT, require
 from tests.support.workers import REPO, Journal, Worker
 

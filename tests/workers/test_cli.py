@@ -16,7 +16,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from lease_celery import LeaseState, Store, open_store
+from lease_celery import EffectOutcomeUnknown, LeaseState, Store, open_store
 from lease_celery.checks import encode_checkpoint
 from tests.conftest import fresh_store_url
 from tests.support.policy_helpers import (
@@ -305,3 +305,116 @@ def test_cli_sweep_republishes_an_expired_lease_when_workers_do_not_sweep(
     assert again.returncode == 0 and again.stdout.strip() == "re-published 0 task(s)"
     record = get_record(workers.store_url, key)
     assert record is not None and (record.state, record.token) == (LeaseState.DONE, 2)
+
+
+def _show_fields(cli: Cli, key: str) -> dict[str, str]:
+    text = cli("show", key)
+    assert text.returncode == 0, text.stderr
+    record_part = text.stdout.split("\n    history (")[0]
+    return {name.strip(): value for name, value in
+            (line.split(": ", 1) for line in record_part.splitlines())}
+
+
+def test_show_says_no_one_holds_a_key_that_ended_or_lapsed(store: Store, cli: Cli) -> None:
+    """``show`` on a key no one holds never counts down to its old deadline: a done, dead or
+    released key's expires_at says "released" (its lease ended with the key's state), and a
+    running row past its deadline says "expired … ago"; a held lease still says "in Ns"."""
+    _populate(store)
+    lapsed = store.claim("c:lapsed", owner="w5", ttl=0.05)
+    assert lapsed is not None
+    time.sleep(0.2)
+    for key, state in (("a:done", "done"), ("b:dead", "dead"), ("b:ready", "ready")):
+        expires = _show_fields(cli, key)["expires_at"]
+        assert f"released: the key is {state}, no one holds it" in expires, expires
+        assert "(in " not in expires, expires
+    expires = _show_fields(cli, "c:lapsed")["expires_at"]
+    assert "(expired " in expires and "s ago: no one holds it" in expires, expires
+    assert "(in " in _show_fields(cli, "a:run")["expires_at"]
+
+
+def test_list_hides_internal_rows_unless_all(store: Store, cli: Cli) -> None:
+    """Rows lease_celery writes for itself, not under a user's key (the answer to a duplicate
+    under another task id, ``KEY#answer:ID``; a direct call with no lease_key,
+    ``direct:UUID``), are left out of ``list`` with a footer that counts them; ``--all``
+    lists them, each named for what it is."""
+    _populate(store)
+    for key in ("notify:1#answer:0f1e", f"direct:{uuid.uuid4()}"):
+        lease = store.claim(key, owner="w6", ttl=600)
+        assert lease is not None and store.finish(lease, None)
+    shown = cli("list")
+    assert shown.returncode == 0, shown.stderr
+    assert "#answer:" not in shown.stdout and "direct:" not in shown.stdout, shown.stdout
+    assert "2 internal rows hidden" in shown.stdout and "--all" in shown.stdout, shown.stdout
+    assert {r["key"] for r in parse_json(cli("--json", "list"))} == {
+        "a:run", "a:done", "b:dead", "b:ready"}
+    every = cli("list", "--all")
+    assert every.returncode == 0, every.stderr
+    lines = every.stdout.splitlines()
+    answer = next(line for line in lines if line.startswith("notify:1#answer:0f1e"))
+    direct = next(line for line in lines if line.startswith("direct:"))
+    assert "answer to a duplicate" in answer and "direct call" in direct, every.stdout
+    assert len(parse_json(cli("--json", "list", "--all"))) == 6
+    shown = cli("show", "notify:1#answer:0f1e")
+    assert shown.returncode == 0 and "answer to a duplicate" in shown.stdout, shown.stdout
+
+
+def _unknown_outcome(store: Store, key: str, lease_key: str) -> str:
+    """A receipt left needs_reconciliation (its action timed out after the request went out);
+    returns what the next attempt is told (the dead reason of a key that dies of it)."""
+    lease = store.claim(lease_key, owner="w7", ttl=600)
+    assert lease is not None
+
+    def timed_out(idempotency_key: str) -> None:
+        raise EffectOutcomeUnknown("read timeout after the request was sent")
+
+    with pytest.raises(EffectOutcomeUnknown):
+        store.effects.once(key, {"amount": 5}, timed_out, lease=lease)
+    with pytest.raises(EffectOutcomeUnknown) as told:
+        store.effects.once(key, {"amount": 5}, timed_out, lease=lease)
+    return str(told.value)
+
+
+def test_effects_lists_resolves_and_discards_receipts(store: Store, cli: Cli) -> None:
+    """``effects`` lists receipts (``--state`` filters; needs_reconciliation is the queue a
+    person works through); ``effects resolve KEY --result JSON`` records that the action
+    happened (replays return the result), ``effects discard KEY`` that it did not (the next
+    attempt performs it); each is an operator action recorded in the lease's history; a
+    missing receipt exits 1, a result that is not JSON is a usage error (exit 2). The message
+    that sends a person to reconcile names these commands."""
+    told = _unknown_outcome(store, "refund:1", "order:1")
+    _unknown_outcome(store, "refund:2", "order:2")
+    done = store.claim("order:3", owner="w7", ttl=600)
+    assert done is not None
+    store.effects.once("refund:3", {"amount": 1}, lambda k: {"id": 3}, lease=done)
+    assert "celery -A APP leases effects resolve refund:1 --result JSON" in told, told
+    assert "leases effects discard refund:1" in told, told
+
+    listed = cli("effects")
+    assert listed.returncode == 0, listed.stderr
+    assert {line.split()[0] for line in listed.stdout.splitlines()[1:]} == {
+        "refund:1", "refund:2", "refund:3"}, listed.stdout
+    waiting = parse_json(cli("--json", "effects", "--state", "needs_reconciliation"))
+    assert {r["key"] for r in waiting} == {"refund:1", "refund:2"}
+    assert {r["state"] for r in waiting} == {"needs_reconciliation"}
+
+    assert cli("effects", "resolve", "refund:1", "--result", "{not json").returncode == 2
+    resolved = cli("effects", "resolve", "refund:1", "--result", '{"id": 1}')
+    assert resolved.returncode == 0, resolved.stderr
+    receipt = store.effects.get("refund:1")
+    assert receipt is not None and receipt.state.value == "done"
+    assert receipt.result == {"id": 1}
+    assert store.effects.once("refund:1", {"amount": 5}, lambda k: {"id": 99}) == {"id": 1}
+    again = cli("effects", "resolve", "refund:1", "--result", "{}")
+    assert again.returncode == 1 and "done already" in again.stderr
+
+    discarded = cli("effects", "discard", "refund:2")
+    assert discarded.returncode == 0, discarded.stderr
+    assert store.effects.get("refund:2") is None
+    assert cli("effects", "discard", "refund:2").returncode == 1
+
+    events = {(e.key, e.event) for key in ("order:1", "order:2")
+              for e in store.history(key)}
+    assert ("order:1", "operator:resolve") in events
+    assert ("order:2", "operator:discard") in events
+    assert [r["key"] for r in parse_json(cli("--json", "effects", "--state",
+                                             "needs_reconciliation"))] == []

@@ -331,3 +331,79 @@ def test_doctor_never_shows_a_store_password(tmp_path: Path) -> None:
     assert all("s3cret" not in f.message for f in findings), findings
     found = diagnose(app, store_url="postgresql://user:s3cret@127.0.0.1:1/x?connect_timeout=1")
     assert all("s3cret" not in f.message for f in found)
+
+
+def test_worker_logs_doctors_warnings_once_at_start(tmp_path: Path) -> None:
+    """A real prefork worker (two pool processes) whose app has a relative SQLite path, a
+    lease_ttl above the broker's visibility_timeout and task_acks_late off logs each of
+    doctor's warnings for it once as it starts, one line each naming the finding's code:
+    not again per pool process, nor per task (three tasks run before it is stopped)."""
+    from tests.support.servers import REDIS_URL
+
+    (tmp_path / "startup_app.py").write_text(
+        "from celery import Celery\n"
+        "from lease_celery import LeasedTask\n"
+        f"app = Celery('startup', broker={REDIS_URL!r}, set_as_current=False)\n"
+        "app.conf.update(lease_store_url='sqlite:///relative.sqlite3', lease_ttl=120,\n"
+        "                task_time_limit=60, broker_transport_options={'visibility_timeout': 90},\n"
+        "                worker_prefetch_multiplier=1, task_default_priority=5,\n"
+        "                task_default_queue='startup-" + tmp_path.name + "')\n"
+        "@app.task(base=LeasedTask, bind=True, lease_key='job:{n}')\n"
+        "def job(self, n):\n"
+        "    return n\n")
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "startup_app", "worker", "-P", "prefork", "-c",
+         "2", "--without-mingle", "--without-gossip", "-f", str(log), "-l", "INFO"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_log(log, "ready.")
+        subprocess.run(
+            [sys.executable, "-c", "from startup_app import job\n"
+             "for n in range(3):\n    job.delay(n)\n"],
+            cwd=tmp_path, env=env, check=True, timeout=60)
+        _wait_for_log(log, "succeeded", count=3)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=20)
+    text = log.read_text()
+    for code in ("store.sqlite_relative", "broker.visibility_timeout.ttl", "task.acks_late"):
+        lines = [line for line in text.splitlines() if f"[{code}]" in line]
+        assert len(lines) == 1, (code, text)
+        assert "WARNING" in lines[0] and "lease_celery doctor" in lines[0], lines[0]
+    assert "[worker.pool]" not in text, text  # an ok note is not a warning
+
+
+def _wait_for_log(log: Path, marker: str, *, count: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if text.count(marker) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{marker!r} x{count} not in the worker's log: {text}")
+
+
+def test_one_refused_task_brings_no_false_findings(sqlite_url: str) -> None:
+    """An app whose only LeasedTask is refused (a typo in its lease_key) gets the error that
+    names it, and nothing that is only true because doctor could not make that task: not "no
+    task uses base=LeasedTask", and not "these tasks have no time limit" while
+    task_time_limit=600 bounds every task."""
+    app = Celery("typo", broker="redis://127.0.0.1:6379/11", set_as_current=False)
+    app.conf.update({
+        "broker_transport_options": {"visibility_timeout": 3600},
+        "task_acks_late": True, "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1, "task_time_limit": 600, "task_default_priority": 5,
+        "lease_store_url": sqlite_url})
+
+    @app.task(base=LeasedTask, bind=True, shared=False, name="typo.report",
+              lease_key="report:{reportid}")
+    def report(self: LeasedTask, report_id: int) -> int:
+        return report_id
+
+    found = diagnose(app)
+    assert [f.code for f in found if f.severity == "error"] == ["settings.invalid"], found
+    assert "reportid" in errors_of(found)["settings.invalid"][0]
+    assert [f for f in found if f.severity == "warning"] == [], found

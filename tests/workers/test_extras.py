@@ -513,6 +513,54 @@ def test_the_tools_name_a_missing_extra_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in out["stderr"]
     messages = " ".join(f["message"] for f in out["findings"])
     assert "lease_store_url" in messages and "pip install 'lease-celery[postgres]'" in messages
+    # The URL is fine: the fix is the extra, not another URL.
+    assert [f["code"] for f in out["findings"]] == ["store.extra_missing"], out["findings"]
+    assert "set lease_store_url to" not in messages, messages
+
+
+#: Runs ``celery`` (its arguments after ``--``) in an interpreter where psycopg cannot be
+#: imported, as on an install without the postgres extra.
+CELERY_WITHOUT_PSYCOPG = WITHOUT.split("\n\ndef raised")[0] + """
+from celery.__main__ import main
+sys.argv = ["celery", *sys.argv[1:]]
+main()
+"""
+
+#: An app whose store is PostgreSQL, for a host without the postgres extra.
+POSTGRES_APP = """
+from celery import Celery
+from lease_celery import LeasedTask
+app = Celery("pgapp", broker="memory://", set_as_current=False)
+app.conf.update(lease_store_url="postgresql://127.0.0.1:1/none", task_acks_late=True,
+                task_reject_on_worker_lost=True)
+@app.task(base=LeasedTask, bind=True, lease_key="job:{n}")
+def job(self, n):
+    return n
+"""
+
+
+def test_a_worker_and_a_publisher_without_the_extra_say_so_in_one_line(tmp_path: Path) -> None:
+    """Without psycopg, a ``celery worker`` whose app's store is PostgreSQL exits non-zero
+    with one line naming ``pip install 'lease-celery[postgres]'`` and no traceback; a
+    publisher that does not use the store (no lease_record_at_publish, no lease_unique)
+    publishes with ``.delay()`` as it would without lease_celery."""
+    (tmp_path / "pgapp.py").write_text(POSTGRES_APP)
+    env = {**os.environ, "EXTRAS_BLOCK": "psycopg", "PYTHONPATH": str(tmp_path)}
+    worker = subprocess.run(
+        [sys.executable, "-c", CELERY_WITHOUT_PSYCOPG, "-A", "pgapp", "worker", "-P", "solo",
+         "--without-mingle", "--without-gossip"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    output = worker.stdout + worker.stderr
+    assert worker.returncode != 0, output
+    assert "Traceback" not in output, output
+    said = [line for line in output.splitlines() if "lease-celery[postgres]" in line]
+    assert len(said) == 1 and "pip install 'lease-celery[postgres]'" in said[0], output
+    published = subprocess.run(
+        [sys.executable, "-c", WITHOUT.split("\n\ndef raised")[0]
+         + "\nimport pgapp\nprint('sent', pgapp.job.delay(1).id is not None)\n"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert published.stdout.strip() == "sent True", published.stdout
 
 
 def test_the_dashboard_beyond_loopback_without_waitress_names_the_web_extra() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -37,6 +38,21 @@ def test_readme_gives_exactly_two_setup_commands() -> None:
     assert len(commands) == 2
     assert "example_project demo" in commands[0]
     assert commands[1] == "bash .ci/run"
+
+
+def test_quickstart_passes_doctor(tmp_path: Path) -> None:
+    """``celery -A tasks leases doctor`` on the README's tasks.py, as written (only its store
+    file moved to the test's own): no warning and no error, so the first check a newcomer
+    runs on the quickstart agrees with it."""
+    (tmp_path / "tasks.py").write_text(quickstart_files()["tasks.py"].replace(
+        QUICKSTART_STORE, f"sqlite:///{tmp_path}/leases.sqlite3"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    doctor = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "leases", "--json", "doctor"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    findings = json.loads(doctor.stdout)
+    assert [f for f in findings if f["severity"] != "ok"] == [], findings
 
 
 @pytest.mark.worker

@@ -57,6 +57,11 @@ def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     workers.journal.wait_for(lambda j: len(j.events("duplicate_ignored", key=f"job:{job}")) == 2,
                              timeout=30, what="both duplicates to come back and be ignored")
     assert len(workers.journal.events("duplicate_deferred", key=f"job:{job}")) >= 2
+    # The worker's log says the copy was re-published, before Celery's own "Task … ignored"
+    # for the message that carried it: the work was not dropped.
+    said = [line for line in workers.logs().splitlines()
+            if f"job:{job}" in line and "re-published to run again in" in line]
+    assert len(said) >= 2 and all("Celery logs it as ignored" in line for line in said), said
     time.sleep(1.0)  # anything still scheduled would run now
     assert len(workers.journal.events("body_start", job_id=job)) == 1
     assert result.state == "SUCCESS"

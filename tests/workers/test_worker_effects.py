@@ -9,6 +9,7 @@ PostgreSQL lease store (``worker_store``); they journal what their task bodies s
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from lease_celery import EffectOutcomeUnknown, EffectState, LeaseState, Receipt, open_store
+from tests.support.policy_helpers import cli_env, run_cli
 from tests.support.workers import WorkerPool
 
 pytestmark = pytest.mark.worker
@@ -124,10 +126,19 @@ def test_outcome_lost_in_a_crash_needs_reconciliation_then_completes(
         assert record is not None and record.token == unknown[-1]
         assert record.state in (LeaseState.READY, LeaseState.DEAD)  # never done
 
-        # Reconciliation: the target shows the request arrived; record what it answered.
+        if record.state is LeaseState.DEAD:  # the reason sends a person to the command
+            assert f"leases effects resolve {key} --result JSON" in (record.reason or "")
+            assert f"leases effects discard {key}" in (record.reason or "")
+
+        # Reconciliation: the target shows the request arrived; record what it answered,
+        # with the command the reason names.
         [(row_id, _, _)] = _received(target)
         found = {"receipt_id": row_id, "idempotency_key": key, "sent_by_token": 1}
-        assert store.effects.resolve(key, found).state is EffectState.DONE
+        resolved = run_cli(["effects", "resolve", key, "--result", json.dumps(found)],
+                           env=cli_env(workers.store_url), cwd=tmp_path)
+        assert resolved.returncode == 0, resolved.stderr
+        reconciled = store.effects.get(key)
+        assert reconciled is not None and reconciled.state is EffectState.DONE
         if record.state is LeaseState.DEAD:
             assert store.requeue(lease_key, reason="receipt reconciled") is not None
 
