@@ -20,8 +20,8 @@ from celery.utils.dispatch import Signal
 
 from .recovery import first_priority, recovery_options
 
-__all__ = ["CONTEXT", "CONTEXT_HEADER", "body_signature", "delivery_context", "republish",
-           "republish_later", "task_info"]
+__all__ = ["CONTEXT", "CONTEXT_HEADER", "NOWHERE", "body_signature", "delivery_context",
+           "republish", "republish_later", "task_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ def _prepared(app: Any, signature: Any, *, recovery: bool) -> Any:
 #: The task info's field naming the delivery's canvas context (``delivery_context``); a
 #: settled done row keeps it beside the task id.
 CONTEXT = "context"
+#: The context of a delivery that nothing follows (no callbacks, errbacks, chain or chord).
+NOWHERE = "-"
 #: Header of a replacement: the context of the delivery it replaces, which it keeps.
 CONTEXT_HEADER = "lease_context"
 #: The options that place a delivery in its canvas: where its outcome goes (callbacks,
@@ -99,6 +101,8 @@ def delivery_context(options: Mapping[str, Any], inherited: Any = None) -> str:
     if isinstance(inherited, str):
         return inherited
     place = {name: options.get(name) for name in _PLACE}
+    if all(value is None or value == [] for value in place.values()):
+        return NOWHERE  # most deliveries: nothing follows them, and no digest to pay for
     text = json.dumps(place, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
