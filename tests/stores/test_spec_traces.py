@@ -130,11 +130,11 @@ def _replay(store: Store, clock: ManualClock, states: list[dict[str, Any]]) -> N
     base = 0 if epoch is None else epoch.floor  # Redis starts a key's tokens above its floor
     leases: dict[str, Lease] = {}
     queued: dict[str, Lease] = {}  # each worker's finish queued behind a return
-    for before, after in itertools.pairwise(states):
+    for index, (before, after) in enumerate(itertools.pairwise(states), start=1):
         clock.set(BASE + after["now"])
         action, picks = after["actionTaken"], after["nondetPicks"]
         worker, key = picks.get("w"), picks.get("k")
-        step = f"step {after['#meta']['index'] if '#meta' in after else '?'}: {action}"
+        step = f"step {index}: {action}"
         if action == "deliver" and key in GROUP_KEYS:
             limited = store.claim_limited(key, owner=worker, ttl=TTL, limit=GROUP,
                                           task=_task(key))
@@ -143,6 +143,7 @@ def _replay(store: Store, clock: ManualClock, states: list[dict[str, Any]]) -> N
             assert isinstance(limited, Lease) == grew, f"{step}({worker}, {key}): {limited}"
             assert (isinstance(limited, LimitRefused) and limited.parked) == parked, \
                 f"{step}({worker}, {key}): {limited}"
+            assert grew or parked or limited is None, f"{step}({worker}, {key}): {limited}"
             if isinstance(limited, Lease):
                 leases[worker] = limited
         elif action == "deliver":
