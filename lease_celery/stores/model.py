@@ -258,6 +258,15 @@ class Model:
             row.task = _task_id_only(row.task)
         return True
 
+    def finish_and_claim(self, finished: Lease, result: Any, key: str, *, owner: str,
+                         ttl: float, task: dict[str, Any] | None = None
+                         ) -> tuple[bool, Lease | None]:
+        """The carried finish: :meth:`finish` of ``finished`` (settled at once) and
+        :meth:`claim` of ``key`` in one step, each judged by its own rule (on the same key,
+        the finish first)."""
+        accepted = self.finish(finished, result)
+        return accepted, self.claim(key, owner=owner, ttl=ttl, task=task)
+
     def kill(self, lease: Lease, *, reason: str, settle_within: float | None = None,
              error: Any = None) -> bool:
         """Dead with ``reason``; its result is ``error`` (the failure it died of), or none."""

@@ -381,6 +381,35 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
                 self.both("finish", lease, {"r": result}, settle_within=settle,
                           repeat=self.ended_by(lease))
 
+        @rule(target=leases, lease=leases, key=st.sampled_from(KEYS),
+              owner=st.sampled_from(OWNERS), ttl=TTLS, result=st.integers(0, 3))
+        def finish_and_claim(self, lease: Lease | None, key: str, owner: str, ttl: float,
+                             result: int) -> Any:
+            """The carried finish (a worker's finish of ``lease`` in its next claim's
+            transaction): its answer and its claim's are the model's. A lease that already
+            ended its key, on a disturbed connection, may be answered True (REPEATED_ENDINGS)."""
+            if lease is None:
+                return None
+            lenient = self.ended_by(lease) and (self.disturbed or self.lose_next_reply)
+            task = _task_info("t")
+
+            def view(answer: Any) -> Any:
+                if not isinstance(answer, tuple):
+                    return answer
+                accepted, claimed = answer
+                return (accepted or lenient,
+                        lease_view(claimed) if isinstance(claimed, Lease) else claimed)
+
+            model, real = self.compare(
+                lambda: self.model.finish_and_claim(lease, {"r": result}, key, owner=owner,
+                                                    ttl=ttl, task=task),
+                lambda: self.store.finish_and_claim(lease, {"r": result}, key, owner=owner,
+                                                    ttl=ttl, task=task),
+                view)
+            return self.granted("finish_and_claim",
+                                model[1] if isinstance(model, tuple) else None,
+                                real[1] if isinstance(real, tuple) else None)
+
         @rule(lease=leases, settle=st.sampled_from([None, 2.0]), with_error=st.booleans())
         def kill(self, lease: Lease | None, settle: float | None, with_error: bool) -> None:
             if lease is not None:
