@@ -181,14 +181,16 @@ def test_the_wheel_holds_the_library_its_data_and_its_entry_points(wheel: Path) 
     for data in ("lease_celery/py.typed", "lease_celery/stores/sql/sqlite.sql",
                  "lease_celery/stores/sql/postgres.sql",
                  "lease_celery/stores/redis/scripts/claim_limited.lua",
-                 "lease_celery/web/static/dashboard.css"):
+                 "lease_celery/web/static/dashboard.css",
+                 "lease_celery/contrib/django/templates/admin/lease_celery/pagination.html",
+                 "lease_celery/contrib/django/migrations/0001_initial.py"):
         assert data in names, data
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), names
     assert "leases = lease_celery.cli:leases" in entry_points
     assert "lease_celery = lease_celery.pytest_plugin" in entry_points
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines()
               if line.startswith("Provides-Extra: ")}
-    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web"}
+    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web", "django"}
     assert "License-Expression: MIT" in metadata
     checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel)],
                              capture_output=True, text=True, timeout=60, check=False)
