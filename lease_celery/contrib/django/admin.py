@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from ...ops import Done, Operations
+from ...ops import LIMIT_KEY_PREFIX, Done, Operations
 from ...stores.registry import shared_store
 from . import actions
 from .config import parse_url
@@ -252,7 +252,7 @@ class HistoryAdmin(StoreAdmin):
 
 
 def _limit_said(done: Done) -> str:
-    return f"{done.key.rpartition(':')[2]}: {done.detail}"
+    return f"{done.key.removeprefix(LIMIT_KEY_PREFIX)}: {done.detail}"
 
 
 @admin.register(LimitGroup)
@@ -280,8 +280,6 @@ class LimitGroupAdmin(StoreAdmin):
 
     @admin.display(description="history")
     def history(self, obj: LimitGroup) -> str:
-        from ...ops import LIMIT_KEY_PREFIX
-
         return history_link(LIMIT_KEY_PREFIX + obj.grp)
 
     def has_set_limit_permission(self, request: HttpRequest) -> bool:

@@ -8,7 +8,10 @@ them; the admin renders them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
+from django.db.models.expressions import Col
 
 from .schema import table_name
 
@@ -80,8 +83,29 @@ class Receipt(models.Model):
         return self.key
 
 
+class RowIdCol(Col):
+    """The history's id column: ``id`` on PostgreSQL (a bigserial), SQLite's ``rowid`` (its
+    history table has no id column of its own: the rowid is its insertion order)."""
+
+    def as_sqlite(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        quote = compiler.quote_name_unless_alias
+        name = "rowid"
+        return (f"{quote(self.alias)}.{name}" if self.alias else name), []
+
+
+class HistoryId(models.BigAutoField):
+    """The history's primary key, read through :class:`RowIdCol`."""
+
+    def get_col(self, alias: str, output_field: Any = None) -> Col:
+        return RowIdCol(alias, self, output_field)
+
+    @property
+    def cached_col(self) -> Col:  # (Django's is cached; one Col per query is cheap)
+        return RowIdCol(table_name("lease_celery_history"), self)
+
+
 class HistoryEntry(models.Model):
-    id = models.BigAutoField(primary_key=True)
+    id = HistoryId(primary_key=True)
     key = models.TextField()
     at = models.FloatField()
     event = models.TextField()
