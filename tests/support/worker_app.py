@@ -566,42 +566,24 @@ for _name in ("limit_wait", "limit_handed_on"):
 
 # -- the app's own database (tests/workers/test_app_transactions.py) ---------------------------
 
-def app_database(store: Any) -> Any:
-    """A connection of the app's own to the lease store's database (the app's table lives
-    beside the store's: the same SQLite file, the same PostgreSQL schema), and the table."""
-    if store.url.startswith("sqlite"):
-        import sqlite3
-
-        conn: Any = sqlite3.connect(store.path, timeout=30)
-        conn.execute("CREATE TABLE IF NOT EXISTS app_rows (job_id TEXT, token INT)")
-        conn.commit()
-        return conn, "app_rows", "?"
-    import psycopg
-
-    conn = psycopg.connect(store.url.split("?")[0])
-    table = f'"{store.schema}".app_rows'
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (job_id text, token int)")
-    conn.commit()
-    return conn, table, "%s"
-
-
 @app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
 def app_write(self: LeasedTask, job_id: str, mode: str, die: bool = True) -> dict[str, Any]:
     """Insert one app row for the job, then (in the first generation, with ``die``) kill this
     pool process before the task returns. ``mode`` ``fenced``: the row commits in
     ``self.lease.fenced()`` and the finish is written after the body; ``transaction``: the row
     and the finish commit together (``self.lease.transaction``)."""
+    from tests.support import app_db
+
     token = self.lease.token
     record("body_start", job_id=job_id, token=token, task_id=self.request.id)
-    conn, table, mark = app_database(self.lease_store)
+    conn = app_db.connect(self.lease_store, "driver")
     outcome = {"job_id": job_id, "token": token}
-    insert = f"INSERT INTO {table} VALUES ({mark}, {mark})"
     if mode == "fenced":
         with self.lease.fenced() as fenced:
-            fenced.execute(insert, (job_id, token))
+            app_db.insert(fenced, self.lease_store, job_id, token)
     else:
         with self.lease.transaction(conn) as tx:
-            conn.execute(insert, (job_id, token))
+            app_db.insert(conn, self.lease_store, job_id, token)
             tx.complete(outcome)
     record("app_row_committed", job_id=job_id, token=token)
     if die and first_generation(self):

@@ -171,7 +171,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                          "execution.delivery", "execution.outage", "execution.published",
                          "execution.recovery", "execution.limited", "execution.outcome",
                          "execution.completion", "execution.replaced",
-                         "execution.transactional"}),
+                         "execution.transactional", "execution.outbox"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
                          "beat", "slots", "wiring", "metrics", "doctor"}),

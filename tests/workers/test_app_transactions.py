@@ -9,26 +9,21 @@ so the redelivery is answered from the row and the body never runs again.
 
 from __future__ import annotations
 
+import time
 import uuid
+from typing import Any
 
 import pytest
 
+import lease_celery
 from lease_celery import open_store
-from tests.support.worker_app import app_database
+from lease_celery.app_connections import app_connection
+from tests.support import app_db
+from tests.support.publisher import publisher
+from tests.support.servers import REDIS_URL
 from tests.support.workers import WorkerPool
 
 APP_WRITE = "tests.support.worker_app.app_write"
-
-
-def _app_rows(store_url: str, job: str) -> list[int]:
-    with open_store(store_url) as store:
-        conn, table, mark = app_database(store)
-        try:
-            rows = conn.execute(f"SELECT token FROM {table} WHERE job_id = {mark} "
-                                "ORDER BY token", (job,)).fetchall()
-        finally:
-            conn.close()
-    return [token for (token,) in rows]
 
 
 @pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
@@ -46,4 +41,97 @@ def test_a_worker_dying_between_the_app_commit_and_the_return(
     outcome = result.get(timeout=60)
     assert len(workers.journal.events("body_start", job_id=job)) == runs
     assert outcome == {"job_id": job, "token": runs}
-    assert _app_rows(workers.store_url, job) == list(range(1, runs + 1))
+    with open_store(workers.store_url) as store:
+        assert app_db.rows(store, job) == list(range(1, runs + 1))
+
+
+# -- enqueue in the caller's transaction: the row is the outbox --------------------------------
+
+GRACE, INTERVAL = 2.0, 0.5
+OUTBOX_ENV = {"LEASE_TEST_TTL": "2", "LEASE_TEST_HEARTBEAT": "0.5",
+              "LEASE_TEST_SWEEP_INTERVAL": str(INTERVAL), "LEASE_TEST_SWEEP_GRACE": str(GRACE)}
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("kind", app_db.KINDS)
+@pytest.mark.worker_env(**OUTBOX_ENV)
+def test_a_task_enqueued_in_a_transaction_runs_only_if_it_commits(
+        workers: WorkerPool, kind: str) -> None:
+    """Two orders, each with its task enqueued in the transaction that writes it: the
+    committed one runs once (published as the transaction commits); the rolled-back one
+    leaves no row and no message, and never runs, not even after the sweeper's grace."""
+    workers.start("a", concurrency=2)
+    task = publisher(REDIS_URL, workers.env["LEASE_TEST_QUEUE"], workers.store_url)
+    kept, dropped = _job(), _job()
+    with open_store(workers.store_url) as store:
+        conn = app_db.connect(store, kind)
+        try:
+            committed = _enqueue(conn, store, task, kept, commit=True)
+            _enqueue(conn, store, task, dropped, commit=False)
+        finally:
+            app_db.close(conn)
+        assert store.get(f"job:{dropped}") is None
+        assert app_db.rows(store, dropped) == []
+    assert committed.get(timeout=30)["job_id"] == kept
+    time.sleep(GRACE + 3 * INTERVAL)
+    assert [s["task_id"] for s in workers.journal.events("body_start", job_id=kept)] == [
+        committed.id]
+    assert workers.journal.events("task_received", job_id=dropped) == []
+    assert workers.journal.events("body_start", job_id=dropped) == []
+
+
+def _enqueue(conn: Any, store: Any, task: Any, job: str, *, commit: bool) -> Any:
+    """Write the order's row and enqueue its task in one transaction of ``conn``'s, then
+    commit (the message goes out) or roll back."""
+    if hasattr(conn, "get_bind"):  # a Session publishes on its own commit
+        with conn.begin():
+            app_db.insert(conn, store, job)
+            result = task.apply_async((job, 0.1), lease_transaction=conn)
+            if not commit:
+                conn.rollback()
+        return result
+    try:
+        with lease_celery.transaction(conn):
+            app_db.insert(conn, store, job)
+            result = task.apply_async((job, 0.1), lease_transaction=conn)
+            if not commit:
+                raise _Boom()
+    except _Boom:
+        pass
+    return result
+
+
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.worker_env(**OUTBOX_ENV)
+def test_a_commit_whose_publish_never_happened_is_published_from_its_row(
+        workers: WorkerPool) -> None:
+    """The publisher commits and never publishes (it died right after the commit, or the
+    broker was down): the row is the outbox, and the sweeper publishes the task from it a
+    grace period later; it runs once, under the task id the publisher was given."""
+    workers.start("a", concurrency=2)
+    task = publisher(REDIS_URL, workers.env["LEASE_TEST_QUEUE"], workers.store_url)
+    job = _job()
+    with open_store(workers.store_url) as store:
+        conn = app_db.connect(store, "driver")
+        try:
+            app_connection(conn).begin()
+            app_db.insert(conn, store, job)
+            result = task.apply_async((job, 0.1), lease_transaction=conn)
+            conn.commit()  # and no publish_committed: as if the process died here
+            committed_at = time.time()
+        finally:
+            app_db.close(conn)
+        assert store.get(f"job:{job}").task_id == result.id
+    assert result.get(timeout=30)["job_id"] == job
+    starts = workers.journal.events("body_start", job_id=job)
+    assert [s["task_id"] for s in starts] == [result.id]
+    assert starts[0]["t"] - committed_at > GRACE - 0.5
+    assert [e["key"] for e in workers.journal.events("lease_swept")] == [f"job:{job}"]
+
+
+def _job() -> str:
+    return uuid.uuid4().hex[:12]
