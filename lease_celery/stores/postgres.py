@@ -78,7 +78,6 @@ class PostgresStore(Store):
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock
-        self._app_databases = CheckedConnections()
         parts = urlsplit(url)
         self._where = (server_address("postgres", parts, 5432) if parts.hostname or parts.port
                        else f"the local socket, database {parts.path[1:] or '(default)'}")
@@ -117,6 +116,7 @@ class PostgresStore(Store):
 
     def _prepare(self) -> None:
         """The queries for ``self.schema`` and no connection yet (made in the first use)."""
+        self._app_databases = CheckedConnections()
         self._q = schema_queries(self.schema)
         self._q.update(find_queries(self._q))
         self._q["finish_and_claim"] = carrying_claim(self._q["finish"], self._q["claim"])

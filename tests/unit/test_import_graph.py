@@ -186,6 +186,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                       "contrib.django.sqlite", "contrib.django.models",
                       "contrib.django.paginator", "contrib.django.actions",
                       "contrib.django.admin", "contrib.django.task",
+                      "contrib.django.transactions",
                       "contrib.django.migrations", "contrib.django.migrations.0001_initial"}),
 ]
 

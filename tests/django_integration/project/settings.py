@@ -76,3 +76,7 @@ CELERY_LEASE_STORE_URL = LEASE_CELERY_STORE_URL
 CELERY_LEASE_TTL = float(os.environ.get("LEASE_TEST_TTL", "2"))
 CELERY_LEASE_HEARTBEAT_INTERVAL = float(os.environ.get("LEASE_TEST_HEARTBEAT", "0.5"))
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The sweeper (re-publishes a killed worker's keys, and an outbox row whose publish never
+# happened) on short periods, as the worker tests need.
+CELERY_LEASE_SWEEP_INTERVAL = float(os.environ.get("LEASE_TEST_SWEEP_INTERVAL", "0.5"))
+CELERY_LEASE_SWEEP_GRACE = float(os.environ.get("LEASE_TEST_SWEEP_GRACE", "2"))

@@ -1,8 +1,9 @@
-"""The shop's leased task: pay an order exactly once, under duplicates, stalls and kills.
+"""The shop's leased tasks: pay an order exactly once, under duplicates, stalls and kills.
 
-The payment and the order's paid token are written in the lease's fenced transaction, on the
-store's connection to the project's database: they commit only if this execution still holds
-the order's lease. Events go to a Redis journal the tests read (LEASE_TEST_JOURNAL).
+``pay_order`` writes the payment and the order with the ORM inside ``self.lease.atomic()``:
+the rows and the key's finish commit together, or roll back together when this execution
+no longer holds the order's lease. Events go to a Redis journal the tests read
+(LEASE_TEST_JOURNAL).
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from typing import Any
 
 import redis
 from celery import shared_task, signals
-from django.db import connections
 
 from lease_celery.contrib.django.task import LeasedDjangoTask
 
-from .models import Order
+from .models import Order, Payment
 
 JOURNAL = os.environ.get("LEASE_TEST_JOURNAL", "journal")
 BROKER = os.environ.get("LEASE_TEST_BROKER", "redis://127.0.0.1:6379/11")
@@ -40,29 +40,27 @@ def _ready(sender: Any = None, **_: Any) -> None:
 @shared_task(base=LeasedDjangoTask, bind=True, lease_key="order:{order_id}", name="pay_order")
 def pay_order(self: LeasedDjangoTask, order_id: int, stall: float = 0.0) -> dict[str, Any]:
     token = self.lease.token
-    # The ORM through Django's own connection of this worker thread: a read.
-    order = Order.objects.using(ALIAS).get(pk=order_id)
     record("started", order=order_id, token=token, stall=stall)
     if stall:
         time.sleep(stall)  # the stalled worker: its lease expires, another takes the key over
-    mark = "?" if connections[ALIAS].vendor == "sqlite" else "%s"
     try:
-        with self.lease.fenced() as conn:
-            conn.execute("INSERT INTO shop_payment (order_id, token, worker) "
-                         f"VALUES ({mark}, {mark}, {mark})",
-                         (order.pk, token, f"{socket.gethostname()}:{os.getpid()}"))
-            conn.execute(f"UPDATE shop_order SET paid_token = {mark} WHERE id = {mark}",
-                         (token, order.pk))
+        with self.lease.atomic() as tx:
+            order = Order.objects.using(ALIAS).select_for_update().get(pk=order_id)
+            Payment.objects.using(ALIAS).create(order=order, token=token,
+                                                worker=f"{socket.gethostname()}:{os.getpid()}")
+            order.paid_token = token
+            order.save(using=ALIAS, update_fields=["paid_token"])
+            result = tx.complete({"order": order_id, "token": token})
     except Exception as exc:
         record("refused", order=order_id, token=token, error=type(exc).__name__)
         raise
     record("paid", order=order_id, token=token)
-    return {"order": order_id, "token": token}
+    return result
 
 
 @shared_task(base=LeasedDjangoTask, bind=True, lease_key="note:{number}", name="note_order")
 def note_order(self: LeasedDjangoTask, number: str) -> str:
-    """Published with delay_on_commit by the tests: runs once the order's row is committed."""
+    """Published with delay_on_commit: runs once the order's row is committed."""
     order = Order.objects.using(ALIAS).get(number=number)
     record("noted", number=number, order=order.pk, token=self.lease.token)
     return number
