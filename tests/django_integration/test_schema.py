@@ -124,3 +124,11 @@ def test_migrating_again_changes_nothing(django_project: dict[str, str]) -> None
         create_store_schema(editor)
     after = pg_catalog(f"{PG_DSN.rsplit('/', 1)[0]}/{django_project['LEASE_TEST_DJANGO_PG']}")
     assert before == after
+
+
+def test_the_models_and_the_migrations_agree(django_project: dict[str, str]) -> None:
+    """makemigrations finds nothing to add for the app: its models (the admin's views of the
+    tables) are the migration's."""
+    from django.core.management import call_command
+
+    call_command("makemigrations", "lease_celery", check=True, dry_run=True, verbosity=0)
