@@ -53,10 +53,3 @@ def test_lease_celery_imports_without_django_installed() -> None:
 
 def test_the_example_project_imports_no_django() -> None:
     assert imported_django("import example_project.app, example_project.tasks") == ""
-
-
-def test_a_django_url_names_its_store_without_importing_django() -> None:
-    """The registry knows django:// (checking the URL's form needs no Django)."""
-    assert imported_django("from lease_celery.stores.registry import store_class\n"
-                           "store_class('django://default').check_url('django://default')"
-                           ) == ""

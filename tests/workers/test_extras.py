@@ -373,6 +373,11 @@ NEEDS_EXTRA = {
     "lease_celery.stores.pg_connections": "postgres",
     "lease_celery.stores.redis": "redis",
     "lease_celery.stores.redis.wire": "redis",
+    # The Django app: every module of it (its package imports Django, naming the extra).
+    **{f"lease_celery.contrib.django{name}": "django" for name in (
+        "", ".actions", ".admin", ".apps", ".config", ".models", ".paginator", ".postgres",
+        ".schema", ".sqlite", ".store", ".task", ".transactions", ".migrations",
+        ".migrations.0001_initial")},
 }
 
 #: Runs in a fresh interpreter: the packages named in ``EXTRAS_BLOCK`` cannot be imported
@@ -455,6 +460,9 @@ def test_every_module_that_needs_no_extra_imports_without_any() -> None:
     pytest.param("redis", "redis hiredis",
                  "import lease_celery; lease_celery.open_store('redis://127.0.0.1:1/0')",
                  id="redis-store"),
+    pytest.param("django", "django",
+                 "import lease_celery; lease_celery.open_store('django://default')",
+                 id="django-store"),
 ])
 def test_a_missing_extra_is_an_import_error_naming_it(extra: str, blocked: str,
                                                        step: str) -> None:

@@ -12,3 +12,10 @@
 
 Nothing here is imported by ``import lease_celery``.
 """
+
+from ...extras import needs
+
+# Every module of the app imports Django: without it, any of them (and a django:// store
+# URL) is one ImportError naming the extra to install.
+with needs("lease_celery.contrib.django", "Django", extra="django"):
+    import django  # noqa: F401
