@@ -78,3 +78,15 @@ def test_a_forked_child_uses_connections_of_its_own(alias: str) -> None:
     assert record is not None and record.result == "child"
     assert store.get(key + ":parent") is not None  # the parent's connection still works
     store.close()
+
+
+def test_a_serializable_projects_store_still_runs_its_transactions_read_committed() -> None:
+    """OPTIONS["isolation_level"] is for the project's own transactions: the store's (a
+    fenced block here) are READ COMMITTED, as its statements are written for."""
+    store = open_store("django://pg_serializable")
+    lease = store.claim(f"isolation-{uuid.uuid4().hex[:6]}", owner="me", ttl=30)
+    assert lease is not None
+    with store.fenced(lease) as conn:
+        (level,) = conn.execute("SHOW transaction_isolation").fetchone()
+    assert level == "read committed"
+    store.close()

@@ -38,20 +38,28 @@ class DjangoPostgresStore(PostgresStore):
 
     def _connect(self) -> psycopg.Connection[Any]:
         """A new autocommit connection from Django's backend for the alias: its settings,
-        its connection setup (time zone, role), its driver."""
+        its connection setup (time zone, role, ``connection_created`` receivers), its driver."""
         from django.db import connections
 
         # A DatabaseWrapper of the store's own, not the thread's: only its driver
         # connection is kept (and closed by the store's pool).
         wrapper = connections.create_connection(self.alias)
-        wrapper.connect()  # the driver's errors (OperationalError) as they are: retried
-        conn = wrapper.connection
+        if wrapper.settings_dict.get("OPTIONS", {}).get("pool"):
+            # Django's pool lends connections to be given back to it: the store keeps its
+            # own, so it connects with the pool's parameters, but not through it.
+            conn = psycopg.connect(**wrapper.get_connection_params())
+        else:
+            wrapper.connect()  # the driver's errors (OperationalError) as they are: retried
+            conn = wrapper.connection
         if not isinstance(conn, psycopg.Connection):
             conn.close()
             raise ConfigError(f"Django database {self.alias!r} uses {type(conn).__module__}; "
                               "the django:// lease store on PostgreSQL needs psycopg 3 "
                               "(pip install 'psycopg[binary]'; Django picks it over psycopg2)")
-        conn.autocommit = True  # every lease statement commits on its own
+        # The store's statements are written for READ COMMITTED (the default), each its own
+        # commit; a project's OPTIONS["isolation_level"] is for its own transactions.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        conn.autocommit = True
         return conn
 
     def _open_connections(self) -> Connections:

@@ -58,6 +58,9 @@ if os.environ.get("LEASE_TEST_DJANGO_PG"):
         "PORT": os.environ.get("LEASE_TEST_DJANGO_PG_PORT", "5432"),
         "USER": os.environ.get("LEASE_TEST_DJANGO_PG_USER", ""),
     }
+    # The same database, for a project whose own transactions are SERIALIZABLE (psycopg's
+    # IsolationLevel.SERIALIZABLE): the store's statements still run under READ COMMITTED.
+    DATABASES["pg_serializable"] = {**DATABASES["pg"], "OPTIONS": {"isolation_level": 4}}
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
