@@ -220,22 +220,40 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
 
         @precondition(lambda self: self.tx is None)
         @rule(target=leases, drawn=st.one_of(st.none(), leases),
-              how=st.sampled_from(["claim", "running", "drawn"]), key=st.sampled_from(KEYS),
-              owner=st.sampled_from(OWNERS), ttl=TTLS)
+              how=st.sampled_from(["claim", "claim", "running", "stale", "drawn", "enqueue"]),
+              key=st.sampled_from(KEYS), owner=st.sampled_from(OWNERS), ttl=TTLS)
         def app_begin(self, drawn: Lease | None, how: str, key: str, owner: str,
                       ttl: float) -> Any:
-            """A completion's start: a transaction on the app's connection and ``lock_in``
-            (refused: ``LeaseLost``, rolled back, nothing held). The lease is one just
-            claimed (a delivery that starts its body), a running row's (its deadline maybe
-            passed), or any lease drawn (an old one of the same owner: ABA)."""
+            """A transaction on the app's connection. An enqueue's (the caller's, for
+            ``apply_async(lease_transaction=)``), or a completion's start: ``lock_in``
+            (refused: ``LeaseLost``, rolled back, nothing held) with a lease just claimed (a
+            delivery that starts its body), a running row's (its deadline maybe passed), the
+            previous lease of the owner that holds the key again (ABA), or any lease drawn."""
+            if how == "enqueue":
+                self.app.begin()
+                self.tx = AppTx()
+                STATS["enqueue transactions"] += 1
+                return None
             lease = drawn
             if how == "claim":
                 lease = self.lease_answer("claim", key, owner=owner, ttl=ttl,
                                           task=task_info("t"))
             elif how == "running" and (live := self.running()):
                 lease = next((one for one in live if one.key == key), live[0])
-            if lease is None:
+            elif how == "stale":
+                # ABA: the owner's lease, released (a retry) and claimed again by the same
+                # owner; its first lease, not expired, must not lock in.
+                lease = self.lease_answer("claim", key, owner=owner, ttl=ttl)
+                if lease is not None:
+                    self.both("release", lease, reason="retry")
+                    self.lease_answer("claim", key, owner=owner, ttl=ttl)
+            if lease is None or lease.token < 1:
                 return None
+            self.lock_in(lease)
+            return lease
+
+        def lock_in(self, lease: Lease) -> bool:
+            """Begin, and lock ``lease`` in: refused, rolled back at once."""
             self.app.begin()
             self.tx = tx = AppTx()
             answer = self.compare(lambda: self.model.lock_in(tx, lease),
@@ -243,18 +261,60 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
             if answer[0] == "raised":
                 STATS["lock refused"] += 1
                 self.rollback()
-                return lease
+                return False
             STATS["locked in"] += 1
             self.locked.add(lease.key)
+            return True
+
+        @precondition(lambda self: self.tx is None)
+        @rule(target=leases, key=st.sampled_from(KEYS), owner=st.sampled_from(OWNERS),
+              ttl=TTLS, claim=st.booleans(), writes=st.integers(0, 2), stall=st.booleans(),
+              settle=st.sampled_from([None, 2.0]))
+        def app_completion(self, key: str, owner: str, ttl: float, claim: bool, writes: int,
+                           stall: bool, settle: float | None) -> Any:
+            """A whole completion in one step, as ``AppTransaction`` makes it: lock_in, the
+            body's rows, (the body outliving its lease), finish_in, commit; refused, rolled
+            back. With a lease just claimed, or a running row's."""
+            live = self.running()
+            lease = (self.lease_answer("claim", key, owner=owner, ttl=ttl, task=task_info("t"))
+                     if claim or not live
+                     else next((one for one in live if one.key == key), live[0]))
+            if lease is None or not self.lock_in(lease):
+                return lease
+            for _ in range(writes):
+                self.app_write()
+            if stall:
+                self.app_stall()
+            self.app_finish(settle, writes)
+            if self.tx is not None:
+                self.app_commit()
             return lease
 
         @precondition(lambda self: self.tx is None)
-        @rule()
-        def app_begin_enqueue(self) -> None:
-            """A caller's transaction that enqueues (``apply_async(lease_transaction=)``)."""
+        @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2),
+              countdown=st.sampled_from([0.0, 5.0]), commit=st.booleans())
+        def app_enqueue(self, keys: list[str], countdown: float, commit: bool) -> None:
+            """A whole enqueue in the caller's transaction, in one step: the rows, then the
+            commit (each row exists, the outbox the sweeper publishes from) or a rollback
+            (none does)."""
             self.app.begin()
             self.tx = AppTx()
             STATS["enqueue transactions"] += 1
+            for key in keys:
+                self.app_record_published(key, countdown)
+            if commit:
+                self.app_commit()
+            else:
+                self.rollback()
+
+        @precondition(lambda self: self.tx is not None and self.tx.lease is not None
+                      and not self.tx.finished)
+        @rule()
+        def app_stall(self) -> None:
+            """The body outlives its lease: the clock at its deadline (expired), the
+            transaction still open (the row lock keeps every claim of the key waiting)."""
+            assert self.tx is not None and self.tx.lease is not None
+            self.clock.set(max(self.clock(), self.tx.lease.expires_at))
 
         @precondition(lambda self: self.tx is not None and self.tx.lease is not None
                       and not self.tx.finished)
