@@ -4,14 +4,16 @@
 # reached (an accepted job and callback, a takeover, a callback sent twice, a carried finish
 # accepted, a stale one refused while its claim is granted, a worker dead with a finish
 # queued, a delivery parked, a waiter handed on and claimed), so the invariants are not true
-# by vacuity. The TypeScript backend: Quint's Rust evaluator is downloaded from GitHub on
+# by vacuity. Then the same for the completion in the app's own transaction (app_tx.qnt): its
+# promise holds, its planted bugs are caught, its witnesses reached. The TypeScript backend: Quint's Rust evaluator is downloaded from GitHub on
 # first use, which CI cannot do.
 set -euo pipefail
 cd "$(dirname "$0")"
 quint=node_modules/.bin/quint  # what npm ci installed (npx would look it up each time)
 run() {  # run MODULE INVARIANT [ARGS...]: quint run, bounded and seeded
-  local main=$1 invariant=$2; shift 2
-  "$quint" run delivery.qnt --backend=typescript --main="$main" --invariant="$invariant" \
+  local main=$1 invariant=$2 spec=delivery.qnt; shift 2
+  [[ $main == app_tx* ]] && spec=app_tx.qnt
+  "$quint" run "$spec" --backend=typescript --main="$main" --invariant="$invariant" \
     --max-samples="${QUINT_SAMPLES:-1500}" --max-steps=30 --seed="${QUINT_SEED:-7}" "$@" \
     >"/tmp/quint-$main-$invariant.log" 2>&1
 }
@@ -19,8 +21,14 @@ witnesses=(jobAccepted callbackAccepted takeover callbackSentTwice carryAccepted
            staleCarryRefusedClaimGranted diedWithCarry parked handedOnThenClaimed)
 # Two lanes (the longest run, the safety one, beside the others): CI runs this alone on two
 # cores, before the tests.
-log=/tmp/quint-delivery_fenced-safety.log
-run delivery_fenced safety --witnesses "${witnesses[@]}" &
+# The app transaction's safety follows in the same lane (a smaller spec: 600 runs reach each
+# of its witnesses ~100 times).
+app_witnesses=(effectCommitted effectOfATakeover finishRefusedInTx lockInRefused)
+log=/tmp/quint-delivery_fenced-safety.log app_log=/tmp/quint-app_tx_fenced-safety.log
+rm -f "$app_log"
+{ run delivery_fenced safety --witnesses "${witnesses[@]}" \
+    && QUINT_SAMPLES=${QUINT_APP_SAMPLES:-600} run app_tx_fenced safety \
+         --witnesses "${app_witnesses[@]}"; } &
 safety=$!
 # Each planted bug (a module of its own, one rule broken), the invariant that must catch it,
 # and the seed: delivery_forgets_handed loses a key only when its publisher dies in the one
@@ -28,7 +36,9 @@ safety=$!
 # (seed 2 does, within its first 300).
 for planted in delivery_unfenced:acceptedIsCurrent delivery_carry_unfenced:acceptedIsCurrent \
                delivery_uncounted:groupWithinLimit delivery_unparked:noKeyLost \
-               delivery_forgets_handed:noKeyLost:2; do
+               delivery_forgets_handed:noKeyLost:2 \
+               app_tx_effect_first:oneEffectOfTheAccepted app_tx_unfenced:oneEffectOfTheAccepted \
+               app_tx_late:acceptedInTime; do
   IFS=: read -r main invariant seed <<<"$planted"
   if QUINT_SEED=${seed:-${QUINT_SEED:-7}} run "$main" "$invariant" \
       || ! grep -q "Invariant violated" "/tmp/quint-$main-$invariant.log"; then
@@ -52,8 +62,8 @@ node -e 'const fs = require("fs"); const [fresh, committed] = process.argv.slice
     console.error("spec/traces is not what spec/traces.sh writes now: run it"); process.exit(1); }' \
   "$fresh" traces
 echo "quint: the replayed traces are this spec's"
-wait "$safety" || { cat "$log"; exit 1; }
-echo "quint: safety holds (delivery_fenced)"
+wait "$safety" || { cat "$log"; [[ -f $app_log ]] && cat "$app_log"; exit 1; }
+echo "quint: safety holds (delivery_fenced, app_tx_fenced)"
 for witness in "${witnesses[@]}"; do
   if ! grep -Eq "^$witness was witnessed in [1-9][0-9]* trace" "$log"; then
     echo "quint: witness $witness was never reached" >&2; grep -A12 '^Witnesses:' "$log" >&2
@@ -61,3 +71,10 @@ for witness in "${witnesses[@]}"; do
   fi
 done
 echo "quint: witnesses reached (${witnesses[*]})"
+for witness in "${app_witnesses[@]}"; do
+  if ! grep -Eq "^$witness was witnessed in [1-9][0-9]* trace" "$app_log"; then
+    echo "quint: witness $witness was never reached (app_tx)" >&2
+    grep -A6 '^Witnesses:' "$app_log" >&2; exit 1
+  fi
+done
+echo "quint: app_tx witnesses reached (${app_witnesses[*]})"
