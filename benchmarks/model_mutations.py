@@ -1,6 +1,11 @@
 """The mutation check of the model tests: break one rule at a time in a store, and see the
 short profile of ``tests/stores/test_model.py`` fail.
 
+The mutations of the writes in the app's transaction (``lock_in``, ``finish_in``,
+``record_published_in``) are judged by their own machine (``tests.stores.app_tx_machine``);
+each is also run against the store machine, which does not make those calls, to show that
+only the new rules catch it.
+
 Each mutation is a text change to one store's SQL or Lua, applied to a copy of the package
 and the tests in a temporary directory (the checkout is never touched); the machine then runs
 there (``python -m tests.stores.model_machine --profile short``, which imports the copy) and
@@ -24,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SQLITE, POSTGRES = "lease_celery/stores/sql/sqlite.sql", "lease_celery/stores/sql/postgres.sql"
 LUA = "lease_celery/stores/redis/scripts"
+APP_TX = "app_tx_machine"
 PG_NOW = ("COALESCE(%(now)s::double precision, "
           "extract(epoch FROM clock_timestamp())::double precision)")
 
@@ -39,6 +45,7 @@ class Mutation:
     old: str
     new: str
     after: str = ""
+    machine: str = "model_machine"  # the module of tests.stores that must catch it
 
     def apply(self, root: Path) -> None:
         file = root / self.path
@@ -78,15 +85,29 @@ MUTATIONS = [
              f"{LUA}/renew.lua", "tonumber(expires_at) > t then", "tonumber(expires_at) >= t then"),
     Mutation("forget-the-epoch", "redis", "scripts do not check the epoch record",
              f"{LUA}/prelude.lua", "if EPOCH_SEEN ~= '' then", "if false then"),
+    Mutation("lock-in-without-token", "sqlite", "lock_in does not check the token (an old "
+             "lease of the same owner locks in)", SQLITE, " AND token = :token", "",
+             "-- name: lock_current\n", machine=APP_TX),
+    Mutation("finish-in-answer-ignored", "sqlite", "finish_in answers True when its finish "
+             "changed nothing", "lease_celery/stores/sqlite.py", "settle_within)) == 1",
+             "settle_within)) >= 0", "def _app_finish", machine=APP_TX),
+    Mutation("lock-in-without-expiry", "postgres", "lock_in does not check expires_at > now",
+             POSTGRES, "  AND l.expires_at > " + PG_NOW.replace(", ", ",\n" + " " * 30) + "\n", "",
+             "-- name: lock_current\n", machine=APP_TX),
+    Mutation("outbox-outside-the-transaction", "postgres", "record_published_in commits on "
+             "the store's own connection at once", "lease_celery/stores/base.py",
+             "return self._app_record_published(conn, key, encoded,",
+             "return self._record_published(key, encoded,", machine=APP_TX),
     Mutation("settle-not-idempotent", "redis", "a settled row's own lease is refused",
              f"{LUA}/settle_many.lua", "elseif ours and (state == 'done' or state == 'dead') then",
              "elseif false then"),
 ]
 
 
-def run_one(mutation: Mutation | None, store: str, timeout: float) -> tuple[bool, float, str]:
-    """Run the short profile on ``store`` with ``mutation`` applied; (passed, seconds, the
-    first line of the failure)."""
+def run_one(mutation: Mutation | None, store: str, timeout: float,
+            machine: str = "model_machine") -> tuple[bool, float, str]:
+    """Run the short profile of ``machine`` on ``store`` with ``mutation`` applied; (passed,
+    seconds, the first line of the failure)."""
     with tempfile.TemporaryDirectory(prefix="lease-mutant-") as tmp:
         root = Path(tmp)
         for part in ("lease_celery", "tests"):
@@ -96,7 +117,7 @@ def run_one(mutation: Mutation | None, store: str, timeout: float) -> tuple[bool
             mutation.apply(root)
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "tests.stores.model_machine", "--profile", "short",
+            [sys.executable, "-m", f"tests.stores.{machine}", "--profile", "short",
              "--stores", store], cwd=root, capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "PYTHONPATH": str(root), "LEASE_MODEL_SHRINK": "0"})
         took = time.monotonic() - started
@@ -114,9 +135,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     stores = args.stores.split(",")
-    for store in stores:  # the unmutated code must pass, or nothing below means anything
-        passed, took, why = run_one(None, store, args.timeout)
-        print(f"| (none) | {store} | - | {'passes' if passed else 'FAILS: ' + why} | "
+    machines = {(m.store, m.machine) for m in MUTATIONS
+                if m.store in stores and args.only in (None, m.name)}
+    for store, machine in sorted(machines):  # the unmutated code must pass, or nothing below
+        passed, took, why = run_one(None, store, args.timeout, machine)  # means anything
+        print(f"| (none) | {store} | {machine} | {'passes' if passed else 'FAILS: ' + why} | "
               f"{took:.1f} s |", flush=True)
         if not passed:
             raise SystemExit(1)
@@ -124,9 +147,12 @@ def main() -> None:
     for mutation in MUTATIONS:
         if mutation.store not in stores or args.only not in (None, mutation.name):
             continue
-        passed, took, why = run_one(mutation, mutation.store, args.timeout)
+        passed, took, why = run_one(mutation, mutation.store, args.timeout, mutation.machine)
         missed += passed
         verdict = "NOT CAUGHT" if passed else f"caught: {why}"
+        if mutation.machine != "model_machine":  # only the new rules make these calls
+            alone, _, _ = run_one(mutation, mutation.store, args.timeout)
+            verdict += f" (model_machine alone: {'passes' if alone else 'also fails'})"
         print(f"| {mutation.name} | {mutation.store} | {mutation.rule} | {verdict} | "
               f"{took:.1f} s |", flush=True)
     raise SystemExit(1 if missed else 0)

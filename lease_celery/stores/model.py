@@ -9,6 +9,11 @@ the package but not on each other. Nothing in the package imports it.
 
 One module past the house's ~400 lines on purpose: the contract is read in one place.
 
+The app's own database (issue 39) is part of the state too: app rows (each with the token of
+the lease whose transaction wrote it) and one open app transaction at a time, whose pending
+rows, finish and recorded publishes are seen by that transaction only and commit together or
+not at all (:class:`AppTx`, ``Model.app_*``).
+
 What it leaves out, on purpose: history entries and the store-wide fence (their numbers have
 gaps by design), the operator reads' ordering, and the Redis state indexes (a cache of what
 is here). Times are the store's clock, the ``now`` each call is given.
@@ -24,7 +29,7 @@ from typing import Any
 from ..errors import LeaseLost, StoreDataLost
 from ..models import EffectState, Lease, LeaseState
 
-__all__ = ["Effect", "Group", "Model", "ModelRow"]
+__all__ = ["AppTx", "Effect", "Group", "Model", "ModelRow"]
 
 READY, RUNNING, DONE, DEAD = (LeaseState.READY, LeaseState.RUNNING, LeaseState.DONE,
                               LeaseState.DEAD)
@@ -106,6 +111,19 @@ class Group:
         return self.task_interval
 
 
+@dataclasses.dataclass
+class AppTx:
+    """An open transaction on the app's connection: the lease it locked in (None: a caller's
+    transaction that only enqueues), the app rows written in it (key, token), and the lease
+    rows it wrote (finish_in, record_published_in) as that transaction sees them (None: no
+    row); the store's rows change only when it commits."""
+
+    lease: Lease | None = None
+    app_rows: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    pending: dict[str, ModelRow | None] = dataclasses.field(default_factory=dict)
+    finished: bool = False  # a finish_in was accepted in it
+
+
 def _task_id_only(task: dict[str, Any] | None) -> dict[str, Any] | None:
     """A settled done row keeps only its task id and its delivery's context (if any)."""
     if task is None:
@@ -135,6 +153,8 @@ class Model:
         # and marked it lost, and every write refuses until an operator's reset.
         self.floor = 0
         self.epoch_exists = self.seen = self.lost = False
+        # The app's database: committed app rows (key, token of the writing lease), in order.
+        self.app_rows: list[tuple[str, int]] = []
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -514,3 +534,69 @@ class Model:
             g.set_limit = concurrency
         if interval is not None:
             g.set_interval, g.tat = interval, None
+
+    # -- the app's own transaction (Store.lock_in, finish_in, record_published_in) ---------
+
+    def _within(self, tx: AppTx, key: str, call: Callable[[], Any]) -> Any:
+        """``call`` as ``tx`` sees the rows (the committed ones, under its own pending
+        writes); what it writes to ``key`` stays pending in ``tx``."""
+        view = dict(self.rows)
+        for name, pending in tx.pending.items():
+            if pending is None:
+                view.pop(name, None)
+            else:
+                view[name] = pending
+        if key not in tx.pending and key in view:
+            view[key] = dataclasses.replace(view[key])
+        saved, self.rows = self.rows, view
+        try:
+            return call()
+        finally:
+            self.rows = saved
+            tx.pending[key] = view.get(key)
+
+    def lock_in(self, tx: AppTx, lease: Lease) -> None:
+        """The fencing rule in the app's transaction: ``LeaseLost`` unless ``lease`` is
+        current; then its row is the transaction's until it ends (no claim can commit)."""
+        now = self._now()
+
+        def check() -> None:
+            row = self.rows.get(lease.key)
+            if row is None or not row.current(lease, now):
+                raise LeaseLost(f"lease of {lease.key!r} is not current")
+
+        self._within(tx, lease.key, check)
+        tx.lease = lease
+
+    def app_write(self, tx: AppTx, key: str, token: int) -> None:
+        """The body's own row, in the app's transaction."""
+        tx.app_rows.append((key, token))
+
+    def finish_in(self, tx: AppTx, lease: Lease, result: Any = None, *,
+                  settle_within: float | None = None) -> bool:
+        """:meth:`finish`, judged now, written in ``tx``: it commits with ``tx``."""
+        accepted: bool = self._within(
+            tx, lease.key, lambda: self.finish(lease, result, settle_within=settle_within))
+        tx.finished = tx.finished or accepted
+        return accepted
+
+    def record_published_in(self, tx: AppTx, key: str, *, task: dict[str, Any],
+                            countdown: float = 0.0) -> bool:
+        """:meth:`record_published` in ``tx``: the row exists once ``tx`` commits."""
+        answer: bool = self._within(
+            tx, key, lambda: self.record_published(key, task=task, countdown=countdown))
+        return answer
+
+    def app_commit(self, tx: AppTx) -> None:
+        """Everything ``tx`` wrote, at once: its lease rows and its app rows."""
+        for key, row in tx.pending.items():
+            if row is None:
+                self.rows.pop(key, None)
+            else:
+                self.rows[key] = row
+        self.app_rows.extend(tx.app_rows)
+
+    def app_rollback(self, tx: AppTx) -> None:
+        """Nothing ``tx`` wrote is kept (the model's rows were never touched)."""
+        tx.pending.clear()
+        tx.app_rows.clear()

@@ -107,8 +107,9 @@ class Target:
 
 
 @contextlib.contextmanager
-def target(kind: str) -> Iterator[Target]:
-    """A fresh, isolated store of ``kind`` (a file, a schema, a key prefix), and its faults."""
+def target(kind: str, *, proxied: bool = True) -> Iterator[Target]:
+    """A fresh, isolated store of ``kind`` (a file, a schema, a key prefix), and its faults
+    (``proxied=False``: PostgreSQL without the reply-losing proxy, so without lost replies)."""
     run = uuid.uuid4().hex[:12]
     if kind == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
@@ -143,13 +144,16 @@ def target(kind: str) -> Iterator[Target]:
                                                          for name in tables))
 
         pg = urlsplit(PG_DSN)
-        proxy = ReplyDroppingProxy((pg.hostname or "127.0.0.1", pg.port or 5432))
-        url = urlunsplit((pg.scheme, f"127.0.0.1:{proxy.port}", pg.path,
+        server = (pg.hostname or "127.0.0.1", pg.port or 5432)
+        proxy = ReplyDroppingProxy(server) if proxied else None
+        where = f"127.0.0.1:{proxy.port}" if proxy is not None else f"{server[0]}:{server[1]}"
+        url = urlunsplit((pg.scheme, where, pg.path,
                           f"schema={schema}&application_name={app}&sslmode=disable", ""))
         try:
             yield Target(kind, url, empty, kill, proxy=proxy)
         finally:
-            proxy.close()
+            if proxy is not None:
+                proxy.close()
             admin.close()
             drop()
         return
@@ -174,14 +178,14 @@ def target(kind: str) -> Iterator[Target]:
         client.close()
 
 
-def _task_info(prefix: str) -> dict[str, Any]:
+def task_info(prefix: str) -> dict[str, Any]:
     """A delivery's task info as the gate records it: a task id and the delivery's context
     (a settled done row keeps both)."""
     return {"options": {"task_id": f"{prefix}-{uuid.uuid4().hex[:6]}"},
             "context": uuid.uuid4().hex[:16]}
 
 
-def _answer(call: Callable[[], Any]) -> tuple[str, Any]:
+def answer_of(call: Callable[[], Any]) -> tuple[str, Any]:
     """What a call answered: ("ok", value) or ("raised", the exception's class)."""
     try:
         return "ok", call()
@@ -235,12 +239,12 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
             ``LeaseLost``/``StoreDataLost`` raised) must agree. After a lost reply the store
             may instead raise ``StoreError`` (the caller is told the outcome is unknown); the
             rows must still match the model's, which the invariant checks."""
-            model = _answer(model_call)
+            model = answer_of(model_call)
             lose, self.lose_next_reply = self.lose_next_reply, False
             disturbed, self.disturbed = self.disturbed or lose, False
             try:
                 with self.replies_lost(lose):
-                    real = _answer(store_call)
+                    real = answer_of(store_call)
             except StoreError:
                 if not lose:
                     raise
@@ -320,7 +324,7 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
         @rule(target=leases, key=st.sampled_from(KEYS), owner=st.sampled_from(OWNERS),
               ttl=TTLS, with_task=st.booleans())
         def claim(self, key: str, owner: str, ttl: float, with_task: bool) -> Any:
-            task = _task_info("t") if with_task else None
+            task = task_info("t") if with_task else None
             return self.lease_answer("claim", key, owner=owner, ttl=ttl, task=task)
 
         @rule(target=leases, key=st.sampled_from(KEYS), owner=st.sampled_from(OWNERS),
@@ -331,7 +335,7 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
             if limit is None and not rate:
                 limit = 1
             parsed = parse_rate("1/s") if rate else None
-            task = _task_info("t") if with_task else None
+            task = task_info("t") if with_task else None
 
             def view(answer: Any) -> Any:
                 if isinstance(answer, LimitRefused):
@@ -391,7 +395,7 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
             if lease is None:
                 return None
             lenient = self.ended_by(lease) and (self.disturbed or self.lose_next_reply)
-            task = _task_info("t")
+            task = task_info("t")
 
             def view(answer: Any) -> Any:
                 if not isinstance(answer, tuple):
@@ -608,7 +612,7 @@ def make_machine(tgt: Target) -> type[RuleBasedStateMachine]:
         def rows_agree(self) -> None:
             STATS["checks"] += 1
             # One read of each table (find, effects.find): every row, as an operator sees it.
-            model_lost = _answer(self.model.open_for_read)[0] == "raised"
+            model_lost = answer_of(self.model.open_for_read)[0] == "raised"
             try:
                 found = {record.key: record for record in self.store.find(limit=100)}
             except StoreDataLost:
