@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from . import signals
+from .app_connections import AppConnection
 from .effects import Effects, fingerprint
 from .errors import (
     CheckpointNotSerializable,
@@ -24,6 +25,7 @@ from .errors import (
     StoreDataLost,
     StoreError,
 )
+from .execution.outbox import publish_committed, transaction
 from .fencing import FenceGate
 from .limits import GroupLimit, LimitGroup, LimitRefused, Rate, Waiter
 from .models import EffectState, Lease, LeaseRecord, LeaseState, Receipt
@@ -39,6 +41,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree, not 
     __version__ = "0+unknown"
 
 __all__ = [
+    "AppConnection",
     "CheckpointNotSerializable",
     "ConfigError",
     "EffectConflict",
@@ -76,5 +79,7 @@ __all__ = [
     "fingerprint",
     "install",
     "open_store",
+    "publish_committed",
     "signals",
+    "transaction",
 ]

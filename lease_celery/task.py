@@ -19,10 +19,11 @@ from celery import Task
 from celery.exceptions import Retry
 
 from .catalog import KEY_SPEC, SETTINGS, task_attributes
-from .errors import LeaseError
+from .errors import ConfigError, LeaseError
 from .execution.delivery import body_signature
 from .execution.ending import Ending, result_backend
 from .execution.gate import Gate
+from .execution.outbox import enqueue
 from .execution.published import record_at_publish, withdraw
 from .execution.settle import SettlementCheck, confirm_stored
 from .execution.unique import existing_holder
@@ -126,12 +127,22 @@ class LeasedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     *more: Any, lease_unique: bool | None = None,
-                    lease_record: bool | None = None, **options: Any) -> Any:
+                    lease_record: bool | None = None, lease_transaction: Any = None,
+                    **options: Any) -> Any:
         """Celery's ``apply_async``; with ``lease_unique`` (this call's, else the task's), a
         key that already has a holder is not published again (``lease_celery.execution.unique``);
         with ``lease_record`` (this call's, else ``lease_record_at_publish``), the key's row is
-        written before the message goes out (``lease_celery.execution.published``)."""
+        written before the message goes out (``lease_celery.execution.published``); with
+        ``lease_transaction`` (the app's connection), the row is written in its open
+        transaction and the message goes out once it commits
+        (``lease_celery.execution.outbox``)."""
         unique = self.lease_unique if lease_unique is None else lease_unique
+        if lease_transaction is not None:
+            if more:
+                raise ConfigError("apply_async(..., lease_transaction=...): pass producer, "
+                                  "link and the other options by name")
+            return enqueue(self, lease_transaction, args, kwargs, task_id, options,
+                           unique=unique)
         record = (self.lease_settings.record_at_publish if lease_record is None
                   else lease_record)
         if (record and not self.app.conf.task_always_eager

@@ -50,6 +50,7 @@ from .ending import Ending, result_backend
 from .limited import describe, group_of, note_wait, refusal_delay
 from .outage import deferral_reason, retrying
 from .settle import freeze_links
+from .transactional import AppTransaction
 
 __all__ = ["CLAIM_ROUNDS", "STORE_RETRY_DELAY", "Gate"]
 
@@ -133,10 +134,14 @@ class Gate:
             handle.view.check()
             result = self.task.run(*self.args, **self.kwargs)
         except BaseException as exc:
+            if handle.app_finish is not None:
+                return self._committed(handle, None, raised=exc)
             heartbeat.unwatch(handle)
             self.ending.after_error(handle, exc)
             raise
         handle.body_returned(time.monotonic() - started)
+        if handle.app_finish is not None:
+            return self._committed(handle, result)
         return self._finish(handle, result)
 
     def _defer(self, key: str, remaining: float, **how: Any) -> NoReturn:
@@ -293,7 +298,10 @@ class Gate:
     def _execution(self, lease: Lease, sent_at: float) -> Execution:
         return Execution(lease, store=self.store, ttl=self.settings.ttl,
                          heartbeat_interval=self.settings.heartbeat_interval, sent_at=sent_at,
-                         task=self.task)
+                         task=self.task, transactions=self._app_transaction)
+
+    def _app_transaction(self, handle: Execution, connection: Any) -> AppTransaction:
+        return AppTransaction(self.task, self.ending, handle, connection)
 
     def _admit(self, lease: Lease, claim: InFlight) -> Execution:
         """A claim succeeded: run it, unless the policy says the key has had enough."""
@@ -340,6 +348,44 @@ class Gate:
         return self._finish(handle, record.result)
 
     # -- after the body ---------------------------------------------------------------------
+
+    def _committed(self, handle: Execution, result: Any, *,
+                   raised: BaseException | None = None) -> Any:
+        """The body wrote its finish in the app's transaction (``transactional``): once that
+        transaction is known committed, say the verdict as a finish in line does. The outcome
+        is the committed one: an exception the body raised after the commit is logged, not
+        the task's failure (the key is done; a redelivery would be answered with that)."""
+        finish = handle.app_finish
+        assert finish is not None
+        if not finish.committed and not self._finish_committed(handle):
+            # The app's transaction that held the finish rolled back, or was left open: the
+            # body's rows are not committed either, so the key's work is still to do.
+            self.heartbeat.unwatch(handle)
+            failed = LeaseError(f"lease {handle.key!r}: the transaction that wrote the finish "
+                                "did not commit (rolled back, or still open when the task "
+                                "returned)")
+            self.ending.after_error(handle, raised or failed)
+            raise raised or failed
+        if raised is not None:
+            logger.error("lease %s token %s: the body raised after its outcome was committed; "
+                         "the committed outcome stands", handle.key, handle.token,
+                         exc_info=raised)
+            result = finish.result
+        elif result != finish.result:
+            logger.warning("lease %s: the body returned a result other than the one committed "
+                           "with its finish (tx.complete(...)); a redelivery is answered with "
+                           "the committed one", handle.key)
+        Completion(self.task, handle).finished(settle_within=finish.settle_within)
+        return result
+
+    def _finish_committed(self, handle: Execution) -> bool:
+        """Is the key done under this execution's lease (the app committed its finish)?"""
+        try:
+            record = self.store.get(handle.key)
+        except StoreError:
+            return True  # written in the app's transaction: assume it, as the row will say
+        return (record is not None and record.state is LeaseState.DONE
+                and record.token == handle.token and record.owner == handle.owner)
 
     def _finish(self, handle: Execution, result: Any) -> Any:
         # Still watched: if the finish is accepted, the heartbeat renews the settle deadline

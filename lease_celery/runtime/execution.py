@@ -27,17 +27,20 @@ The body sees a read-only view of it, :class:`~lease_celery.runtime.handle.Lease
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import LeaseError, StoreError
 from ..models import Lease
 from ..stores.base import Store
 from . import green
 from .handle import LeaseHandle
 
-__all__ = ["Execution", "Phase"]
+__all__ = ["AppFinish", "Execution", "Phase"]
 
 
 class Phase(enum.Enum):
@@ -47,6 +50,23 @@ class Phase(enum.Enum):
     CONFIRMING = "confirming"
     CLOSED = "closed"
     LOST = "lost"
+
+
+@dataclasses.dataclass(frozen=True)
+class AppFinish:
+    """The finish written in the app's own transaction (``LeaseHandle.transaction``)."""
+
+    #: The key's result as the row keeps it.
+    result: Any
+    #: The settle deadline it was written with (None: settled at once).
+    settle_within: float | None
+    #: Did lease_celery commit it itself? False: the app's transaction, still open when the
+    #: block ended, commits it (or not) later.
+    committed: bool
+
+
+#: Opens the app-transaction completion for an execution and an app connection (the gate's).
+Transactions = Callable[["Execution", Any], AbstractContextManager[Any]]
 
 
 #: Phases whose renewal answers count: a refusal in any other means nothing any more.
@@ -62,8 +82,10 @@ class Execution:
     """
 
     def __init__(self, lease: Lease, *, store: Store, ttl: float, heartbeat_interval: float,
-                 sent_at: float, task: Any = None) -> None:
+                 sent_at: float, task: Any = None, transactions: Transactions | None = None
+                 ) -> None:
         self._store, self._ttl, self._interval, self._task = store, ttl, heartbeat_interval, task
+        self._transactions = transactions
         # Taken by the renewer's threads too: a real lock, even under green pools.
         self._lock = green.lock()
         self._lease = lease
@@ -74,6 +96,8 @@ class Execution:
         self._cancel: str | None = lease.cancel
         self._body_seconds = 0.0
         self._view: LeaseHandle | None = None  # made when the body first asks for it
+        self._in_app_transaction = False
+        self._app_finish: AppFinish | None = None
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -156,6 +180,17 @@ class Execution:
         return self._cancel
 
     @property
+    def in_app_transaction(self) -> bool:
+        """Is the body inside ``LeaseHandle.transaction``, whose app connection holds the
+        key's row lock? (A write of the store's own on the row would wait for it.)"""
+        return self._in_app_transaction
+
+    @property
+    def app_finish(self) -> AppFinish | None:
+        """The finish the app's transaction wrote, once it did."""
+        return self._app_finish
+
+    @property
     def renewal_counts(self) -> bool:
         """Does a renewal's answer still say something about this execution? (A refusal while
         finishing, or after it closed, means nothing: its own write decides.)"""
@@ -176,6 +211,26 @@ class Execution:
             if sent_at + self._ttl > self._deadline:
                 self._lease = lease
                 self._deadline = sent_at + self._ttl
+
+    def transaction(self, connection: Any) -> AbstractContextManager[Any]:
+        """The app-transaction completion on ``connection`` (``LeaseHandle.transaction``)."""
+        if self._transactions is None:
+            raise LeaseError("this execution cannot complete in the app's transaction: it is "
+                             "no delivery of a LeasedTask body")
+        if self._in_app_transaction or self._app_finish is not None:
+            raise LeaseError(f"lease {self.key!r}: the finish is written once, in one "
+                             "transaction; this body opened one already")
+        return self._transactions(self, connection)
+
+    def app_transaction_open(self, is_open: bool) -> None:
+        self._in_app_transaction = is_open
+
+    def finish_written_in_app(self, finish: AppFinish) -> None:
+        """The app's transaction wrote the finish: from now on a refused renewal means
+        nothing (the row is done, or settling under a new deadline); that transaction's commit
+        decides."""
+        self._app_finish = finish
+        self.enter(Phase.FINISHING)
 
     def mark_lost(self, reason: str) -> bool:
         """The lease is lost; True the first time (so that the loss is announced once)."""

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..checks import encode_checkpoint
-from ..errors import LeaseCancelled, LeaseLost
+from ..errors import LeaseCancelled, LeaseError, LeaseLost
 from ..models import Lease
 from ..stores.base import Store
 
@@ -36,7 +36,12 @@ class Owner(Protocol):
     @property
     def cancelled(self) -> str | None: ...
 
+    @property
+    def in_app_transaction(self) -> bool: ...
+
     def mark_lost(self, reason: str) -> bool: ...
+
+    def transaction(self, connection: Any) -> AbstractContextManager[Any]: ...
 
 _UNREAD: Any = object()  # checkpoint_data not read from the store yet
 
@@ -132,6 +137,7 @@ class LeaseHandle:
         encoded = encode_checkpoint(data)  # CheckpointNotSerializable before any write
         self.check()
         execution = self._execution
+        self._outside_app_transaction("checkpoint()")
         if not execution.store.checkpoint(execution.lease, encoded):
             reason = "checkpoint refused: the lease expired or was taken over"
             execution.mark_lost(reason)
@@ -157,7 +163,37 @@ class LeaseHandle:
         store's database).
         """
         self.check()
+        self._outside_app_transaction("fenced()")
         return self._execution.store.fenced(self._execution.lease)
+
+    def transaction(self, connection: Any) -> AbstractContextManager[Any]:
+        """Complete the task in the app's own transaction: its rows and the key's finish in
+        one commit.
+
+        ``connection`` is the app's: a psycopg 3 or ``sqlite3`` connection, or a SQLAlchemy
+        ``Connection`` or ``Session``, to the database the lease store lives in (the same
+        PostgreSQL database, the same SQLite file)::
+
+            with self.lease.transaction(conn) as tx:
+                conn.execute("INSERT INTO payments ...")
+                return tx.complete(receipt)   # the key's result
+
+        On entry the lease is verified current under a lock on the key's row, in that
+        transaction (opened here unless one is open). On leaving, the finish and its history
+        entry are written in it, fenced again, and the transaction is committed if it was
+        opened here. A lease no longer current rolls the block back whole with ``LeaseLost``;
+        an exception rolls it back and takes its usual way. After the commit the outcome is
+        decided: a redelivery is answered from the row, and the body never runs again. Keep
+        the block short: the row lock holds off this key's renewals until it ends.
+        """
+        self.check()
+        return self._execution.transaction(connection)
+
+    def _outside_app_transaction(self, what: str) -> None:
+        if self._execution.in_app_transaction:
+            raise LeaseError(f"lease {self.key!r}: {what} inside lease.transaction() would wait "
+                             "for the row lock that transaction holds; call it before the "
+                             "block, or write through the block's connection")
 
     def effect(self, key: str, payload: Any, fn: Callable[[str], Any], *,
                retry_same_key: bool = False, wait: float = 0.0) -> Any:

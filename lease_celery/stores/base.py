@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
+from ..app_connections import AppConnection
 from ..checks import (
     cancel_reason,
     check_delay,
@@ -523,6 +524,40 @@ class Store(abc.ABC):
         raise StoreError(f"{type(self).__name__} cannot run your writes in the lease's "
                          "transaction; use the PostgreSQL or SQLite store for fenced writes")
 
+    # -- writes in the app's own transaction (lease_celery.app_connections) -------------------
+
+    def lock_in(self, conn: AppConnection, lease: Lease, *, when: str) -> None:
+        """Verify ``lease`` current inside ``conn``'s open transaction, and lock its row there
+        until that transaction ends: no claim can take the key over meanwhile. ``LeaseLost``
+        (``when`` says at which point) otherwise; ``ConfigError`` when ``conn`` is not a
+        connection to this store's own database."""
+        lease = check_lease(lease)
+        self._check_app_database(conn)
+        if not self._app_lock(conn, lease):
+            raise lease_not_current(lease, when, what="committed")
+
+    def finish_in(self, conn: AppConnection, lease: Lease, result: Any = None, *,
+                  settle_within: float | None = None) -> bool:
+        """:meth:`finish`, written in ``conn``'s open transaction (its history entry too): it
+        commits with the caller's own rows or not at all. False when ``lease`` is not current."""
+        lease = check_lease(lease)
+        encoded = encode_result(result)
+        self._check_app_database(conn)
+        return self._app_finish(conn, lease, encoded, settle_deadline_offset(settle_within))
+
+    def record_published_in(self, conn: AppConnection, key: str, *, task: Mapping[str, Any],
+                            countdown: float = 0.0) -> bool:
+        """:meth:`record_published`, written in ``conn``'s open transaction: the row exists
+        if, and when, the caller's transaction commits (the row is the message's outbox)."""
+        key = check_key(key)
+        encoded = encode_task(task)
+        if encoded is None:
+            raise ValueError(f"lease {key!r}: the task info cannot be recorded in the "
+                             f"transaction (it is not JSON: {type(task).__name__})")
+        self._check_app_database(conn)
+        return self._app_record_published(conn, key, encoded,
+                                          check_delay(countdown, name="countdown"))
+
     # -- effect receipts: lease_celery.effects builds its logic on these ----------------------
 
     @property
@@ -651,6 +686,24 @@ class Store(abc.ABC):
     # Each gets checked, encoded arguments and answers with rows (stores.rows) or booleans;
     # each write is one conditional write judged by the store, on the store's clock. All of
     # them raise StoreError (naming the server or file) when the store cannot answer.
+
+    # The app-transaction primitives: only a store that can live in the app's database has
+    # them; the others refuse with a reason the caller can act on.
+    def _check_app_database(self, conn: AppConnection) -> None:
+        raise ConfigError(f"the {type(self).__name__} cannot write in your database's "
+                          "transaction: its data is not in your database. Use the PostgreSQL "
+                          "or SQLite store in the app's own database (see docs/transactions.md)")
+
+    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
+        raise NotImplementedError
+
+    def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
+                    settle_within: float | None) -> bool:
+        raise NotImplementedError
+
+    def _app_record_published(self, conn: AppConnection, key: str, task: str,
+                              countdown: float) -> bool:
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:

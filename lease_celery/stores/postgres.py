@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
+from ..app_connections import AppConnection, CheckedConnections
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreError
 from ..extras import needs
@@ -58,6 +59,8 @@ _T = TypeVar("_T")
 
 #: URL options that configure the store rather than the connection.
 _OPTIONS = {"schema": "public", "pool_max": "4", "reconnect_timeout": "10"}
+#: Which database a connection reaches: the app's must be the store's (Store.lock_in).
+_WHICH_DATABASE = "SELECT current_database(), inet_server_port()"
 _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
@@ -75,6 +78,7 @@ class PostgresStore(Store):
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock
+        self._app_databases = CheckedConnections()
         parts = urlsplit(url)
         self._where = (server_address("postgres", parts, 5432) if parts.hostname or parts.port
                        else f"the local socket, database {parts.path[1:] or '(default)'}")
@@ -493,6 +497,36 @@ class PostgresStore(Store):
 
     def _effect_delete(self, key: str, version: int) -> bool:
         return self._returns_row("effect_delete", key=key, version=version)
+
+    # -- in the app's transaction (Store.lock_in, finish_in, record_published_in) ------------
+
+    def _check_app_database(self, conn: AppConnection) -> None:
+        if conn.dialect != "postgres":
+            raise ConfigError(f"postgres lease store at {self._where}: the app's connection is "
+                              f"to a {conn.dialect} database, not this store's")
+        if conn in self._app_databases:
+            return  # checked on this connection before
+        here = self._run(lambda own: tuple(own.execute(_WHICH_DATABASE).fetchone() or ()))
+        there = tuple(conn.execute(_WHICH_DATABASE, {})[0])
+        if here != there:
+            raise ConfigError(f"postgres lease store at {self._where}: the app's connection "
+                              f"reaches database {there[0]!r} (port {there[1]}), but the store "
+                              f"is in {here[0]!r} (port {here[1]}); the lease can only join a "
+                              "transaction on its own database")
+        self._app_databases.add(conn)
+
+    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
+        return bool(conn.execute(self._q["lock_current"], self._params(**fence_params(lease))))
+
+    def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
+                    settle_within: float | None) -> bool:
+        return bool(conn.execute(self._q["finish"], self._params(
+            **fence_params(lease), result=result, settle_within=settle_within)))
+
+    def _app_record_published(self, conn: AppConnection, key: str, task: str,
+                              countdown: float) -> bool:
+        return bool(conn.execute(self._q["record_published"],
+                                 self._params(key=key, task=task, countdown=countdown)))
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[psycopg.Connection[Any]]:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from ..app_connections import AppConnection, CheckedConnections
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreBusy, StoreError
 from ..limits import Rate
@@ -85,6 +86,7 @@ class SQLiteStore(Store):
         self.url = url
         self.path, self.busy_timeout, self.synchronous = self._parse(url)
         self._clock = clock
+        self._app_files = CheckedConnections()
         self._lock = threading.RLock()
         self._conn: PerProcess[sqlite3.Connection] = PerProcess()
 
@@ -382,10 +384,8 @@ class SQLiteStore(Store):
     @staticmethod
     def _finish_in(conn: sqlite3.Connection, now: float, lease: Lease, result: str,
                    settle_within: float | None) -> bool:
-        return conn.execute(_Q["finish"], {
-            **fence_params(lease), "now": now, "result": result,
-            "settle_deadline": None if settle_within is None else now + settle_within}
-            ).rowcount == 1
+        return conn.execute(_Q["finish"], _finish_params(now, lease, result, settle_within)
+                            ).rowcount == 1
 
     def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
                  counted: bool) -> bool:
@@ -558,6 +558,35 @@ class SQLiteStore(Store):
         return self._write(lambda conn, now: conn.execute(
             _Q["effect_delete"], {"key": key, "version": version}).rowcount == 1)
 
+    # -- in the app's transaction (Store.lock_in, finish_in, record_published_in) ------------
+
+    def _check_app_database(self, conn: AppConnection) -> None:
+        if conn.dialect != "sqlite":
+            raise ConfigError(f"sqlite store {self.path!r}: the app's connection is to a "
+                              f"{conn.dialect} database, not this store's file")
+        if conn in self._app_files:
+            return
+        files = {name: path for _, name, path in conn.execute("PRAGMA database_list", {})}
+        there = files.get("main") or ":memory:"
+        if self.path == ":memory:" or os.path.realpath(there) != os.path.realpath(self.path):
+            raise ConfigError(f"sqlite store {self.path!r}: the app's connection is to "
+                              f"{there!r}; the lease can only join a transaction on its own "
+                              "file")
+        self._app_files.add(conn)
+
+    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
+        return conn.changed(_Q["lock_current"], {**fence_params(lease), "now": self._now()}) == 1
+
+    def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
+                    settle_within: float | None) -> bool:
+        return conn.changed(_Q["finish"], _finish_params(self._now(), lease, result,
+                                                         settle_within)) == 1
+
+    def _app_record_published(self, conn: AppConnection, key: str, task: str,
+                              countdown: float) -> bool:
+        return conn.changed(_Q["record_published"], {
+            "key": key, "task": task, "now": self._now(), "countdown": countdown}) == 1
+
     def _now(self) -> float:
         # time.time is looked up at each call, not bound at open, so freezegun (which patches
         # the module attribute) also governs a store opened before the freeze.
@@ -601,3 +630,10 @@ class SQLiteStore(Store):
             raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
         if row is None:
             raise lease_not_current(lease, when, what="committed")
+
+
+def _finish_params(now: float, lease: Lease, result: str,
+                   settle_within: float | None) -> dict[str, Any]:
+    """The finish's parameters, in the store's transaction or the app's."""
+    return {**fence_params(lease), "now": now, "result": result,
+            "settle_deadline": None if settle_within is None else now + settle_within}

@@ -562,6 +562,36 @@ for _name in ("limit_wait", "limit_handed_on"):
     _journal_signal(_name)
 
 
+
+
+# -- the app's own database (tests/workers/test_app_transactions.py) ---------------------------
+
+@app.task(base=LeasedTask, bind=True, lease_key="job:{job_id}")
+def app_write(self: LeasedTask, job_id: str, mode: str, die: bool = True) -> dict[str, Any]:
+    """Insert one app row for the job, then (in the first generation, with ``die``) kill this
+    pool process before the task returns. ``mode`` ``fenced``: the row commits in
+    ``self.lease.fenced()`` and the finish is written after the body; ``transaction``: the row
+    and the finish commit together (``self.lease.transaction``)."""
+    from tests.support import app_db
+
+    token = self.lease.token
+    record("body_start", job_id=job_id, token=token, task_id=self.request.id)
+    conn = app_db.connect(self.lease_store, "driver")
+    outcome = {"job_id": job_id, "token": token}
+    if mode == "fenced":
+        with self.lease.fenced() as fenced:
+            app_db.insert(fenced, self.lease_store, job_id, token)
+    else:
+        with self.lease.transaction(conn) as tx:
+            app_db.insert(conn, self.lease_store, job_id, token)
+            tx.complete(outcome)
+    record("app_row_committed", job_id=job_id, token=token)
+    if die and first_generation(self):
+        os._exit(1)  # between the commit and the return: the worker's death is the task's
+    conn.close()
+    return outcome
+
+
 # The tasks of tests/workers/test_celery_semantics.py live in a module of their own, registered
 # on this app when the worker imports it.
 from tests.support import semantics_tasks  # noqa: E402, F401

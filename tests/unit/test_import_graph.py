@@ -151,7 +151,7 @@ print(before, once, ours())
 #: CONTRIBUTING.md draws the same picture; a new module has to be placed here.
 LAYERS: list[tuple[str, set[str]]] = [
     ("basic types", {"errors", "models", "checks", "extras", "identity", "signals", "policy",
-                     "keys", "fencing", "apps", "limits"}),
+                     "keys", "fencing", "apps", "limits", "app_connections"}),
     ("stores", {"stores", "stores.base", "stores.rows", "stores.urls", "stores.registry",
                 "stores.queries", "stores.sql_glue", "stores.sqlite", "stores.postgres",
                 "stores.pg_connections", "stores.sqlite_diagnosis", "stores.redis.diagnosis",
@@ -172,7 +172,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                          "execution.unique",
                          "execution.delivery", "execution.outage", "execution.published",
                          "execution.recovery", "execution.limited", "execution.outcome",
-                         "execution.completion", "execution.replaced"}),
+                         "execution.completion", "execution.replaced",
+                         "execution.transactional", "execution.outbox"}),
     ("worker and beat", {"worker", "worker.sweeper", "worker.timelimits", "worker.lifecycle",
                          "worker.visibility",
                          "beat", "slots", "wiring", "metrics", "doctor"}),

@@ -20,6 +20,8 @@ HANDLE_MEMBERS = {
     # Documented in README ("Fencing a resource", "Writes in the lease store's database") and
     # behind ``LeasedTask.effect``: the user's too.
     "fence", "fenced", "effect",
+    # docs/transactions.md: the body's rows and the key's finish in one commit of the app's.
+    "transaction",
 }
 
 

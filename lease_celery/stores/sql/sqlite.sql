@@ -618,6 +618,14 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at = :now, not_before = NULL, settling = 0, sweep_at = NULL, swept_by = NULL
 WHERE state = 'ready' OR (state = 'running' AND expires_at <= :now)
 
+-- name: lock_current
+-- The fencing predicate, in the app's own transaction on this file (Store.lock_in): a write
+-- that changes nothing (so no history entry), made to take the file's write lock there, so
+-- that no claim can commit until the app's transaction ends.
+UPDATE lease_celery_leases SET token = token
+WHERE key = :key AND state = 'running' AND owner = :owner AND token = :token
+  AND expires_at > :now
+
 -- name: check_current
 -- The fencing predicate for store.fenced(); BEGIN IMMEDIATE already holds the write lock, so no
 -- claim can interleave until the caller's transaction ends.

@@ -1,0 +1,85 @@
+"""Connections of the app's own to a SQL lease store's database, in every form the lease can
+write through (``lease_celery.app_connections``), and an app table beside the store's.
+
+Each form is named by ``KINDS``; a store's dialect picks the driver. A new SQL store adds its
+driver here, and every test that uses these runs on it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from lease_celery import Store
+
+#: The forms of an app connection: the driver's own, a SQLAlchemy Connection, a Session.
+KINDS = ["driver", "sqlalchemy", "session"]
+
+
+def dialect(store: Store) -> str:
+    return "sqlite" if store.url.startswith("sqlite") else "postgres"
+
+
+def sqlalchemy_url(store: Store) -> str:
+    if dialect(store) == "sqlite":
+        return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
+    return "postgresql+psycopg://" + store.url.split("://", 1)[1].split("?")[0]
+
+
+def table(store: Store, name: str = "app_rows") -> str:
+    """The app table's name, in the store's schema on PostgreSQL."""
+    if dialect(store) == "sqlite":
+        return name
+    return f'"{store.schema}".{name}'  # type: ignore[attr-defined]
+
+
+def connect(store: Store, kind: str) -> Any:
+    """A fresh app connection of ``kind`` to ``store``'s database, no transaction open, with
+    the app table made; close it with ``close``."""
+    store.get("app-db:setup")  # the store makes its schema on first use: the table's home
+    setup = f"CREATE TABLE IF NOT EXISTS {table(store)} (job TEXT, n INTEGER)"
+    if kind == "driver":
+        if dialect(store) == "sqlite":
+            conn: Any = sqlite3.connect(store.path, timeout=10)  # type: ignore[attr-defined]
+        else:
+            import psycopg
+
+            conn = psycopg.connect(store.url.split("?")[0])
+        conn.execute(setup)
+        conn.commit()
+        return conn
+    import sqlalchemy
+    from sqlalchemy.orm import Session
+
+    engine = sqlalchemy.create_engine(sqlalchemy_url(store), poolclass=sqlalchemy.NullPool)
+    with engine.begin() as setup_conn:
+        setup_conn.exec_driver_sql(setup)
+    return engine.connect() if kind == "sqlalchemy" else Session(engine)
+
+
+def insert(conn: Any, store: Store, job: str, n: int = 1) -> None:
+    """One app row, through ``conn`` in whatever transaction it has open."""
+    mark = "?" if dialect(store) == "sqlite" else "%s"
+    sql = f"INSERT INTO {table(store)} (job, n) VALUES ({mark}, {mark})"
+    if hasattr(conn, "get_bind"):  # a Session: its connection, in its transaction
+        conn.connection().exec_driver_sql(sql, (job, n))
+    elif hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
+        conn.exec_driver_sql(sql, (job, n))
+    else:
+        conn.execute(sql, (job, n))
+
+
+def rows(store: Store, job: str) -> list[int]:
+    """The committed app rows of ``job`` (read on a connection of its own)."""
+    conn = connect(store, "driver")
+    try:
+        mark = "?" if dialect(store) == "sqlite" else "%s"
+        found = conn.execute(f"SELECT n FROM {table(store)} WHERE job = {mark} ORDER BY n",
+                             (job,)).fetchall()
+    finally:
+        conn.close()
+    return [n for (n,) in found]
+
+
+def close(conn: Any) -> None:
+    conn.close()
