@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from ..app_connections import AppConnection, CheckedConnections
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreError
 from ..extras import needs
@@ -76,6 +77,9 @@ _CONNECTION_ERRORS = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031})
 #: InnoDB rolled the transaction back (deadlock) or the statement (lock wait timeout): both
 #: wrote nothing, and are tried again.
 _LOCK_ERRORS = frozenset({1213, 1205})
+
+#: Which database, on which server: an app's connection must reach the store's own.
+_WHICH_DATABASE = "SELECT DATABASE() AS db, CONCAT(@@hostname, ':', @@port) AS server"
 
 #: The clock: the injected one, else the server's as UTC epoch seconds (mysql.sql explains).
 _NOW = "COALESCE(%(now)s, UNIX_TIMESTAMP(NOW(6)))"
@@ -138,6 +142,7 @@ class MySQLStore(Store):
         self._session = (f"SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = "
                          f"{lock_wait}", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         self._q: dict[str, str] = {}
+        self._app_databases = CheckedConnections()
         self._connections: PerProcess[Connections] = PerProcess()
         self._lock = threading.Lock()
 
@@ -518,6 +523,45 @@ class MySQLStore(Store):
 
     def _effect_delete(self, key: str, version: int) -> bool:
         return self._count("effect_delete", key=key, version=version) == 1
+
+    # -- the app's own transaction (issue 39: Store.lock_in, finish_in, record_published_in) -
+
+    def _check_app_database(self, conn: AppConnection) -> None:
+        if conn.dialect != "mysql":
+            raise ConfigError(f"mysql lease store at {self._where}: the app's connection is "
+                              f"to a {conn.dialect} database; the lease can only join a "
+                              "transaction on its own database")
+        if conn in self._app_databases:
+            return  # checked on this connection before
+        found = self._run(lambda own: _one(own, _WHICH_DATABASE, {}))
+        assert found is not None  # a SELECT of two values answers one row
+        here = (found["db"], found["server"])
+        there = tuple(conn.execute(_WHICH_DATABASE, {})[0])
+        if here != there:
+            raise ConfigError(f"mysql lease store at {self._where}: the app's connection "
+                              f"reaches database {there[0]!r} (server {there[1]}), but the "
+                              f"store is in {here[0]!r} (server {here[1]}); the lease can only "
+                              "join a transaction on its own database")
+        self._app_databases.add(conn)
+
+    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
+        self._get_connections()  # the queries for this server
+        return bool(conn.execute(self._q["lock_current"], self._params(**fence_params(lease))))
+
+    def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
+                    settle_within: float | None) -> bool:
+        self._get_connections()
+        # The app's session may count changed rows, not matched ones: a finish always changes
+        # the state, so either count is 1 exactly when it was accepted.
+        return conn.changed(self._q["finish"], self._params(
+            **fence_params(lease), result=result, settle_within=settle_within)) == 1
+
+    def _app_record_published(self, conn: AppConnection, key: str, task: str,
+                              countdown: float) -> bool:
+        self._get_connections()
+        params = self._params(key=key, task=task, countdown=countdown, nonce=uuid.uuid4().hex)
+        conn.changed(self._q["record_published"], params)
+        return bool(conn.execute(self._q["published_already"], params))
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[Connection]:
