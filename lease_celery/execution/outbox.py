@@ -67,6 +67,15 @@ class _Outboxes:
     def hold(self, conn: AppConnection, held: _Held) -> None:
         self._give(conn, [held], first=False)
 
+    def held_for(self, conn: AppConnection, key: str) -> _Held | None:
+        """The message this connection holds with ``key``'s row, if any."""
+        with self._lock:
+            try:
+                messages = self._weak.get(conn.raw, [])
+            except TypeError:
+                messages = self._strong.get(id(conn.raw), (None, []))[1]
+            return next((held for held in messages if held.key == key), None)
+
     def take(self, conn: AppConnection) -> list[_Held]:
         with self._lock:
             try:
@@ -113,7 +122,11 @@ def enqueue(task: Any, connection: Any, args: Sequence[Any] | None,
         conn, key, task=published_info(task, args, kwargs, task_id, options),
         countdown=countdown_of(task.app, options))
     if not written and unique:
-        holder = existing_holder(task, args, kwargs, task_id)
+        # The key's row is this very transaction's (not committed, so the store's own
+        # connection cannot see it), or another's.
+        mine = _OUTBOXES.held_for(conn, key)
+        holder = (task.AsyncResult(mine.task_id) if mine is not None
+                  else existing_holder(task, args, kwargs, task_id))
         if holder is not None:
             return holder
     _OUTBOXES.hold(conn, _Held(task, args, kwargs, task_id, dict(options),

@@ -155,6 +155,11 @@ class SQLiteStore(Store):
         # FULL (the default): a committed claim survives power loss, so a token can never go
         # backwards. NORMAL: no fsync per commit; only an OS crash can roll commits back.
         conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+        if self._schema_current(conn):
+            # Written last by the setup below: everything is there. No write lock wanted, so
+            # that a process whose app transaction holds the file's (a store in the app's own
+            # database) can still open its store.
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(_Q["create_leases"])
@@ -187,6 +192,14 @@ class SQLiteStore(Store):
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    @staticmethod
+    def _schema_current(conn: sqlite3.Connection) -> bool:
+        try:
+            row = conn.execute(_Q["get_schema_version"]).fetchone()
+        except sqlite3.OperationalError:  # no meta table yet: a new file
+            return False
+        return row is not None and int(row[0]) == SCHEMA_VERSION
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection, *, from_version: int) -> None:
@@ -572,6 +585,12 @@ class SQLiteStore(Store):
             raise ConfigError(f"sqlite store {self.path!r}: the app's connection is to "
                               f"{there!r}; the lease can only join a transaction on its own "
                               "file")
+        if not conn.execute(_Q["leases_table_exists"], {}):
+            # Made by the store's own connection, which would wait for this transaction's lock.
+            raise ConfigError(f"sqlite store {self.path!r} has no tables in that file yet: "
+                              "open the store once outside the transaction (a worker's start, "
+                              "`celery leases doctor`, or open_store(url)) before writing in "
+                              "the app's transaction")
         self._app_files.add(conn)
 
     def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:

@@ -183,3 +183,37 @@ def test_a_store_outside_the_apps_database_says_so(redis_store_url: str) -> None
 def test_an_object_that_is_no_connection_is_named() -> None:
     with pytest.raises(ConfigError, match=r"cannot write through a builtins\.dict"):
         app_connection({})
+
+
+def test_unique_enqueues_in_a_transaction_hand_back_the_keys_holder(sql_store_url: str) -> None:
+    """``lease_unique`` for an enqueue in a transaction, as for any publish: a second enqueue
+    of the key, in the same transaction or after it committed, gets the first's AsyncResult
+    and holds no message of its own; the key has one row."""
+    from celery import Celery
+
+    import lease_celery
+    from lease_celery import LeasedTask
+
+    app = Celery("unique_tx", broker="memory://", backend="cache+memory://",
+                 set_as_current=False)
+    app.conf.update(lease_store_url=sql_store_url)
+
+    @app.task(base=LeasedTask, bind=True, lease_key="order:{n}", lease_unique=True,
+              shared=False)
+    def pay(self: LeasedTask, n: int) -> None:
+        raise AssertionError("not run here")
+
+    with open_store(sql_store_url) as store:
+        conn = app_db.connect(store, "driver")
+        try:
+            with lease_celery.transaction(conn):
+                first = pay.apply_async((1,), lease_transaction=conn)
+                again = pay.apply_async((1,), lease_transaction=conn)
+                assert again.id == first.id
+            with lease_celery.transaction(conn):
+                later = pay.apply_async((1,), lease_transaction=conn)
+            assert later.id == first.id
+        finally:
+            conn.close()
+        record = store.get("order:1")
+        assert (record.state, record.task_id) == (LeaseState.READY, first.id)

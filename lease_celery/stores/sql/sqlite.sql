@@ -618,6 +618,10 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at = :now, not_before = NULL, settling = 0, sweep_at = NULL, swept_by = NULL
 WHERE state = 'ready' OR (state = 'running' AND expires_at <= :now)
 
+-- name: leases_table_exists
+-- Read through the app's connection before its first write there (Store.lock_in and co.).
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lease_celery_leases'
+
 -- name: lock_current
 -- The fencing predicate, in the app's own transaction on this file (Store.lock_in): a write
 -- that changes nothing (so no history entry), made to take the file's write lock there, so
