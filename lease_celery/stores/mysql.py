@@ -278,11 +278,30 @@ class MySQLStore(Store):
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
         params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex,
                               grp=None, slot=None)
-        def claimed_by(row: Row | None) -> Row | None:
-            # Refused after a re-send: did the first send win? Its nonce would be on the row.
-            return row or self._row("claimed_by", params)
+        return self._run(self._once_claimed(
+            lambda conn: _claim_in(conn, self._q, params), params))
 
-        return self._run(lambda conn: _claim_in(conn, self._q, params), if_resent=claimed_by)
+    def _once_claimed(self, claim: Callable[[Connection], Row | None],
+                      params: dict[str, Any]) -> Callable[[Connection], Row | None]:
+        """``claim``, run again after a failure only if its first run did not take the row.
+
+        A claim whose reply was lost (a connection killed, a server restarted) may have
+        committed; sent again after its lease expired (a restart outlasts a 2 s ttl), it would
+        take over its own row and one call would have handed out two tokens. So every run but
+        the first asks the row first: the first run's nonce on it is that run's lease (expired
+        or not: the caller judges it as any lease), else the claim is sent again."""
+        runs = 0
+
+        def once(conn: Connection) -> Row | None:
+            nonlocal runs
+            runs += 1
+            if runs > 1:
+                won = _one(conn, self._q["claimed_by"], params)
+                if won is not None:  # a limited claim's row answers as granted
+                    return won if params["grp"] is None else {**won, "verdict": "granted"}
+            return claim(conn)
+
+        return once
 
     def _claim_limited(self, key: str, owner: str, ttl: float, task: str | None, group: str,
                        limit: int | None, rate: Rate | None) -> Row | None:
@@ -295,10 +314,8 @@ class MySQLStore(Store):
         def claim(conn: Connection) -> Row | None:
             return claim_limited(conn, self._q, params, self._at(conn))
 
-        def claimed_by(row: Row | None) -> Row | None:
-            return row  # in a transaction: a lost reply rolled it back
-
-        return self._run(claim, if_resent=claimed_by, transaction=True)
+        # A transaction: a failure before COMMIT rolled it back, one during COMMIT may not.
+        return self._run(self._once_claimed(claim, params), transaction=True)
 
     def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
         from .mysql_limits import hand_on

@@ -252,3 +252,31 @@ def test_keys_compare_byte_for_byte(store: Store) -> None:
     for key in keys:
         assert store.claim(key, owner="w", ttl=30) is not None, key
     assert {r.key for r in store.find(limit=10)} == set(keys)
+
+
+def test_a_claim_resent_after_its_lease_expired_hands_out_one_token(
+        store: Store, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim commits, its reply is lost, and the store's second try comes after the lease
+    expired (a server restart longer than the ttl; the chaos harness's full run met it). The
+    second try finds the first's nonce on the row and answers that lease, token 1, instead of
+    taking over its own row: one call, one token, one history entry."""
+    import pymysql
+
+    from lease_celery.stores import mysql as mysql_store
+
+    real = mysql_store._claim_in
+    lost: list[bool] = []
+
+    def reply_lost(conn: Any, queries: dict[str, str], params: dict[str, Any]) -> Any:
+        row = real(conn, queries, params)
+        if not lost:
+            lost.append(True)
+            clock.advance(30)  # the first send's lease (ttl 5) has expired by the re-send
+            raise pymysql.err.OperationalError(2013, "Lost connection (test)")
+        return row
+
+    monkeypatch.setattr(mysql_store, "_claim_in", reply_lost)
+    lease = store.claim("k", owner="w", ttl=5)
+    assert lost and lease is not None
+    assert (lease.token, lease.expires_at) == (1, 105.0)
+    assert [e.event for e in store.history("k")] == ["claimed"]
