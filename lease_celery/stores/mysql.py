@@ -278,16 +278,19 @@ class MySQLStore(Store):
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
         params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex,
                               grp=None, slot=None)
+        # In a transaction: the upsert's row lock holds until the row is read back, so the
+        # lease answered is the claim's own (a renewal of the claim in flight, by this
+        # process's heartbeat, could otherwise land in between: the chaos full run met one).
         return self._run(self._once_claimed(
-            lambda conn: _claim_in(conn, self._q, params), params))
+            lambda conn: _claim_in(conn, self._q, params), params), transaction=True)
 
     def _once_claimed(self, claim: Callable[[Connection], Row | None],
                       params: dict[str, Any]) -> Callable[[Connection], Row | None]:
         """``claim``, run again after a failure only if its first run did not take the row.
 
-        A claim whose reply was lost (a connection killed, a server restarted) may have
-        committed; sent again after its lease expired (a restart outlasts a 2 s ttl), it would
-        take over its own row and one call would have handed out two tokens. So every run but
+        A claim whose COMMIT's reply was lost (a connection killed, a server restarted) may
+        have committed; sent again after its lease expired (a restart outlasts a 2 s ttl), it
+        would take over its own row, and one call would have handed out two tokens. So every run but
         the first asks the row first: the first run's nonce on it is that run's lease (expired
         or not: the caller judges it as any lease), else the claim is sent again."""
         runs = 0
@@ -396,7 +399,8 @@ class MySQLStore(Store):
             _execute(conn, self._q["claim_settlement"], params)
             return _one(conn, self._q["settlement_claimed_by"], params)
 
-        return self._run(claim)
+        # A transaction, as a claim's: the row read back is the one this call wrote.
+        return self._run(claim, transaction=True)
 
     def _cancel(self, key: str, reason: str) -> bool:
         params = self._params(key=key, reason=reason, nonce=uuid.uuid4().hex)

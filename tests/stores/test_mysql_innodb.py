@@ -256,10 +256,10 @@ def test_keys_compare_byte_for_byte(store: Store) -> None:
 
 def test_a_claim_resent_after_its_lease_expired_hands_out_one_token(
         store: Store, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim commits, its reply is lost, and the store's second try comes after the lease
-    expired (a server restart longer than the ttl; the chaos harness's full run met it). The
-    second try finds the first's nonce on the row and answers that lease, token 1, instead of
-    taking over its own row: one call, one token, one history entry."""
+    """The claim commits, the reply to its COMMIT is lost, and the store's second try comes
+    after the lease expired (a server restart longer than the ttl; the chaos harness's full
+    run met it). The second try finds the first's nonce on the row and answers that lease,
+    token 1, instead of taking over its own row: one call, one token, one history entry."""
     import pymysql
 
     from lease_celery.stores import mysql as mysql_store
@@ -270,6 +270,7 @@ def test_a_claim_resent_after_its_lease_expired_hands_out_one_token(
     def reply_lost(conn: Any, queries: dict[str, str], params: dict[str, Any]) -> Any:
         row = real(conn, queries, params)
         if not lost:
+            conn.commit()  # it committed; then its connection died before the answer came
             lost.append(True)
             clock.advance(30)  # the first send's lease (ttl 5) has expired by the re-send
             raise pymysql.err.OperationalError(2013, "Lost connection (test)")
