@@ -55,7 +55,7 @@ from .urls import number_option, server_address, url_options, whole_option
 
 with needs("the MySQL lease store", "PyMySQL", extra="mysql"):
     import pymysql
-    from pymysql.constants import CLIENT
+    from pymysql.constants import CLIENT, SERVER_STATUS
 
     from .mysql_connections import Connection, Connections, NoConnection
 
@@ -134,8 +134,10 @@ class MySQLStore(Store):
             "connect_timeout": whole_option("mysql", "connect_timeout",
                                             options["connect_timeout"], minimum=1),
             # Affected rows = rows matched: a renewal on a clock that has not moved changes no
-            # column, and is still a renewal.
-            "client_flag": CLIENT.FOUND_ROWS,
+            # column, and is still a renewal. Several statements in one request: the claim
+            # sends its transaction as one batch (the parameters are escaped by PyMySQL as
+            # for one statement; nothing but the store's own SQL is sent on these).
+            "client_flag": CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
             "cursorclass": pymysql.cursors.DictCursor,
             **{name: query[name] for name in _PASSED_ON if name in query},
         }
@@ -197,6 +199,8 @@ class MySQLStore(Store):
             version = str(cur.fetchone()["version"])
         queries = dialect_queries(load_queries("mysql"), version, now=_NOW, clock=_CLOCK)
         queries.update(find_queries(queries))
+        queries["claim_batch"] = (f"START TRANSACTION;\n{queries['claim']};\n"
+                                  f"{queries['claimed_by']};\nCOMMIT")
         make_schema(conn, queries, f"mysql lease store at {self._where}")
         self._q = queries
 
@@ -231,8 +235,8 @@ class MySQLStore(Store):
                         conn.commit()
                 except BaseException as exc:
                     lost = _connection_lost(exc)
-                    if transaction and not lost:
-                        _rollback(conn)
+                    if not lost and (transaction or _in_transaction(conn)):
+                        _rollback(conn)  # a batch's own transaction too (the claim's)
                     connections.give_back(conn, broken=lost)
                     raise
                 connections.give_back(conn)
@@ -278,11 +282,12 @@ class MySQLStore(Store):
     def _claim(self, key: str, owner: str, ttl: float, task: str | None) -> Row | None:
         params = self._params(key=key, owner=owner, ttl=ttl, task=task, nonce=uuid.uuid4().hex,
                               grp=None, slot=None)
-        # In a transaction: the upsert's row lock holds until the row is read back, so the
-        # lease answered is the claim's own (a renewal of the claim in flight, by this
-        # process's heartbeat, could otherwise land in between: the chaos full run met one).
+        # One batch, one round trip: START TRANSACTION, the upsert, the read-back, COMMIT. In a
+        # transaction, the upsert's row lock holds until the row is read back, so the lease
+        # answered is the claim's own (a renewal of the claim in flight, by this process's
+        # heartbeat, could otherwise land in between: the chaos full run met one).
         return self._run(self._once_claimed(
-            lambda conn: _claim_in(conn, self._q, params), params), transaction=True)
+            lambda conn: _claim_in(conn, self._q, params), params))
 
     def _once_claimed(self, claim: Callable[[Connection], Row | None],
                       params: dict[str, Any]) -> Callable[[Connection], Row | None]:
@@ -390,7 +395,10 @@ class MySQLStore(Store):
                            or _one(conn, self._q["settled_by_owner"], params) is not None)
             return out
 
-        return self._run(settle, transaction=True)
+        # No transaction: each confirmation is its own statement, idempotent (a lease that
+        # settled its row already is found by settled_by_owner), and the task's path is
+        # two round trips shorter.
+        return self._run(settle)
 
     def _claim_settlement(self, key: str, owner: str, ttl: float) -> Row | None:
         params = self._params(key=key, owner=owner, ttl=ttl, nonce=uuid.uuid4().hex)
@@ -622,9 +630,21 @@ class MySQLStore(Store):
 
 
 def _claim_in(conn: Connection, queries: dict[str, str], params: dict[str, Any]) -> Row | None:
-    """The claim statement, then the row it took (read by this call's nonce), if it took one."""
-    _execute(conn, queries["claim"], params)
-    return _one(conn, queries["claimed_by"], params)
+    """The claim batch (``claim_batch``: the claim statement and the read-back of the row it
+    took by this call's nonce, in one transaction): that row, if it took one. Every result of
+    the batch is read, or the connection would be out of step with the server."""
+    row: Row | None = None
+    with conn.cursor() as cur:
+        cur.execute(queries["claim_batch"], params)
+        while True:
+            if cur.description:
+                row = cur.fetchone()
+            if not cur.nextset():
+                return row
+
+
+def _in_transaction(conn: Connection) -> bool:
+    return bool(conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)
 
 
 def _rollback(conn: Connection) -> None:

@@ -24,6 +24,7 @@ from ..extras import needs
 
 with needs("the MySQL lease store", "PyMySQL", extra="mysql"):
     import pymysql
+    from pymysql.constants import SERVER_STATUS
 
 __all__ = ["CHECK_IDLE_AFTER", "Connections", "NoConnection"]
 
@@ -73,7 +74,8 @@ class Connections:
             if broken:
                 _close(conn)
                 self.close_idle()
-            elif self._closed or not conn.open or conn.get_autocommit() is not True:
+            elif (self._closed or not conn.open or conn.get_autocommit() is not True
+                  or conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS):
                 _close(conn)
             else:
                 self._idle.append((conn, time.monotonic()))
