@@ -148,13 +148,16 @@ def raw_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
 def _mysql(database: str | None = None) -> Any:
     import pymysql
 
+    flags = pymysql.constants.CLIENT
     return pymysql.connect(host="127.0.0.1", port=3306, user="root", database=database,
-                           autocommit=True, client_flag=pymysql.constants.CLIENT.FOUND_ROWS)
+                           autocommit=True,
+                           client_flag=flags.FOUND_ROWS | flags.MULTI_STATEMENTS)
 
 
 def raw_mysql(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     """The store's own statements (its queries, as the store put them together) on a bare
-    PyMySQL connection: the claim, its read-back by nonce, the finish."""
+    PyMySQL connection: the claim batch (the upsert and its read-back by nonce in one
+    transaction, one round trip), the finish."""
     store = open_store(url)
     store.get("warm-up")  # the schema, and the queries for this server
     q = store._q  # type: ignore[attr-defined]
@@ -166,9 +169,13 @@ def raw_mysql(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     def cycle(i: int) -> None:
         params = {"key": f"raw:{run}:{i}", "owner": "bench", "ttl": TTL, "now": None,
                   "task": None, "nonce": uuid.uuid4().hex, "grp": None, "slot": None}
-        cur.execute(q["claim"], params)
-        cur.execute(q["claimed_by"], params)
-        (token, *_rest) = cur.fetchone()
+        cur.execute(q["claim_batch"], params)
+        token = None
+        while True:
+            if cur.description:
+                (token, *_rest) = cur.fetchone()
+            if not cur.nextset():
+                break
         assert cur.execute(q["finish"], {**params, "token": token, "settle_within": None,
                                          "result": json.dumps(RESULT)}) == 1
 

@@ -599,7 +599,9 @@ class MySQLStore(Store):
         Write your own rows (tables in the store's database, or another database on the same
         server) through the yielded PyMySQL connection: they commit only if the lease is
         still current at commit (checked again then), and no claim can take the key over
-        while the transaction is open. Raises ``LeaseLost`` (and rolls back) otherwise.
+        while the transaction is open. Raises ``LeaseLost`` (and rolls back) otherwise. The
+        connection's session is the store's (READ COMMITTED, UTC, several statements allowed
+        in one request): pass values as parameters, never spliced into the SQL.
         """
         params = self._params(**fence_params(check_lease(lease)))
         connections = self._get_connections()
