@@ -199,6 +199,12 @@ class MySQLStore(Store):
             version = str(cur.fetchone()["version"])
         queries = dialect_queries(load_queries("mysql"), version, now=_NOW, clock=_CLOCK)
         queries.update(find_queries(queries))
+        # find() of any state: the settled rows as two arms, done and dead, each a range of
+        # the (state, updated_at) index read backwards; one arm for both states (the other
+        # stores' partial index) would sort every settled row (433 ms at a million, 1 ms so).
+        arms = [queries[find_query(state)] for state in LeaseState]
+        queries[find_query(None)] = queries["list_merge"].replace(
+            "{arms}", " UNION ALL ".join(f"({arm})" for arm in arms))
         queries["claim_batch"] = (f"START TRANSACTION;\n{queries['claim']};\n"
                                   f"{queries['claimed_by']};\nCOMMIT")
         make_schema(conn, queries, f"mysql lease store at {self._where}")

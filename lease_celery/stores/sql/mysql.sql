@@ -446,8 +446,8 @@ SET sweep_at = IF(state = 'ready', COALESCE(not_before, 0), expires_at), swept_b
 WHERE `key` = %(key)s AND token = %(token)s AND swept_by IS NOT NULL AND sweep_at IS NOT NULL
 
 -- name: list_arm
--- find(): the rows of one state, newest first, through the (state, updated_at) index. {where}
--- is a literal predicate on state (sql_glue.FIND_ARMS, never user data).
+-- find(): the rows of one state, newest first, through the (state, updated_at) index. The
+-- predicate on state below is a literal (sql_glue.FIND_ARMS, never user data).
 SELECT `key`, state, owner, token, expires_at, attempts, result, updated_at, fence, takeovers,
        not_before, reason, task, settling, checkpoint, cancel
 FROM lease_celery_leases FORCE INDEX (lease_celery_leases_state)
@@ -459,8 +459,9 @@ ORDER BY updated_at DESC
 LIMIT %(limit)s
 
 -- name: list_merge
--- find() without a state: the newest of each arm's newest.
-SELECT * FROM (({ready}) UNION ALL ({running}) UNION ALL ({settled})) AS merged
+-- find() without a state: the newest of each arm's newest, an arm per state (the store puts
+-- the four arms in below, lease_celery/stores/mysql.py).
+SELECT * FROM ({arms}) AS merged
 ORDER BY updated_at DESC
 LIMIT %(limit)s
 
