@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,11 @@ from tests.support.servers import (
     require,
 )
 from tests.support.workers import Journal, WorkerPool, client_app, worker_pool
+
+#: tests/django_integration sets Django up in its process with its own project's settings:
+#: it runs in a pytest of its own (LEASE_TEST_DJANGO=1, as .ci/run does), never beside
+#: tests/workers/test_beat_integrations.py, which sets Django up with others.
+collect_ignore = [] if os.environ.get("LEASE_TEST_DJANGO") else ["django_integration"]
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,8 +47,12 @@ class NoConnection(Exception):
 class Connections:
     """Connections to one server for the threads of one process."""
 
-    def __init__(self, conninfo: str, *, max_size: int) -> None:
+    def __init__(self, conninfo: str, *, max_size: int,
+                 connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
         self._conninfo = conninfo
+        # ``connect``: what makes a new autocommit connection (the Django integration hands
+        # over its backend's, which applies the project's DATABASES settings).
+        self._connect = connect or self._connect_conninfo
         self._idle: list[tuple[psycopg.Connection[Any], float]] = []
         self._slots = threading.BoundedSemaphore(max_size)
         self._closed = False
@@ -65,7 +69,7 @@ class Connections:
                 try:
                     conn, since = self._idle.pop()
                 except IndexError:
-                    return psycopg.connect(self._conninfo, autocommit=True)
+                    return self._connect()
                 if time.monotonic() - since > CHECK_IDLE_AFTER and _closed_by_server(conn):
                     conn.close()
                     continue
@@ -73,6 +77,9 @@ class Connections:
         except BaseException:
             self._slots.release()
             raise
+
+    def _connect_conninfo(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self._conninfo, autocommit=True)
 
     def give_back(self, conn: psycopg.Connection[Any], *, broken: bool = False) -> None:
         """End the caller's use of ``conn``: kept for the next caller if it is as it was

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..app_connections import AppConnection, CheckedConnections
@@ -51,7 +51,7 @@ with needs("the PostgreSQL lease store", "psycopg 3", extra="postgres",
 
     from .pg_connections import Connections, NoConnection
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "create_schema", "schema_queries", "stored_schema_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,6 @@ class PostgresStore(Store):
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
         self._clock = clock
-        self._app_databases = CheckedConnections()
         parts = urlsplit(url)
         self._where = (server_address("postgres", parts, 5432) if parts.hostname or parts.port
                        else f"the local socket, database {parts.path[1:] or '(default)'}")
@@ -113,9 +112,12 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise ConfigError(f"postgres lease store URL {shown!r} is not usable: {exc}"
                               ) from exc
-        quoted = '"' + self.schema + '"'
-        self._q = {name: sql.replace("{schema}", quoted)
-                   for name, sql in load_queries("postgres").items()}
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """The queries for ``self.schema`` and no connection yet (made in the first use)."""
+        self._app_databases = CheckedConnections()
+        self._q = schema_queries(self.schema)
         self._q.update(find_queries(self._q))
         self._q["finish_and_claim"] = carrying_claim(self._q["finish"], self._q["claim"])
         self._connections: PerProcess[Connections] = PerProcess()
@@ -133,61 +135,30 @@ class PostgresStore(Store):
         with self._lock:
             connections = self._connections.get()
             if connections is None:
-                # Connect once directly first: a bad host, port, password or database fails
-                # here with libpq's own message; the schema is made (or checked) once.
-                try:
-                    conn = psycopg.connect(self._conninfo, autocommit=True)
-                except psycopg.Error as exc:
-                    raise self._connect_error(exc) from exc
-                try:
-                    self._create_schema(conn)
-                except BaseException as exc:
-                    conn.close()
-                    if isinstance(exc, psycopg.Error):
-                        raise self._connect_error(exc) from exc
-                    raise
-                connections = Connections(self._conninfo, max_size=self.pool_max)
-                connections.adopt(conn)  # the first statement needs no second connect
+                connections = self._open_connections()
                 self._connections.set(connections)
             return connections
 
-    def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
-        # The advisory lock serialises many workers starting at once.
-        with conn.transaction():
-            conn.execute(self._q["lock_schema"])
-            if self.schema != "public":
-                conn.execute(self._q["create_schema"])
-            conn.execute(self._q["create_leases"])
-            conn.execute(self._q["create_effects"])
-            conn.execute(self._q["create_fence"])
-            conn.execute(self._q["create_meta"])
-            conn.execute(self._q["create_history"])
-            conn.execute(self._q["create_limits"])
-            conn.execute(self._q["create_waiters"])
-            row = conn.execute(self._q["get_schema_version"]).fetchone()
-            version = None if row is None else int(row[0])
-            check_schema_version(version, f"postgres lease store at {self._where}")
-            if version == SCHEMA_VERSION:
-                return  # no DDL: it would lock the table against running workers
-            if version is not None:
-                # From any older schema (sql_glue.SCHEMA_VERSION says what each added): new
-                # columns only; no row is rewritten but schema 1's.
-                conn.execute(self._q["migrate_columns"])
-                if version < 2:
-                    conn.execute(self._q["migrate_fill_sweep_at"])
-            conn.execute(self._q["create_sweep_index"])
-            conn.execute(self._q["create_history_key_index"])
-            conn.execute(self._q["drop_history_at_index"])
-            conn.execute(self._q["create_terminal_index"])
-            conn.execute(self._q["create_history_function"])
-            conn.execute(self._q["create_history_on_claim"])
-            conn.execute(self._q["create_history_on_transition"])
-            conn.execute(self._q["create_slots_index"])
-            conn.execute(self._q["create_live_index"])
-            conn.execute(self._q["create_dead_index"])
-            conn.execute(self._q["create_waiters_order_index"])
-            conn.execute(self._q["create_claim_limited_function"])
-            conn.execute(self._q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+    def _open_connections(self) -> Connections:
+        """This process's connections, the schema made (or checked) on the first one."""
+        # Connect once directly first: a bad host, port, password or database fails here
+        # with libpq's own message; the schema is made (or checked) once.
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise self._connect_error(exc) from exc
+        try:
+            with conn.transaction():
+                create_schema(conn, self._q, self.schema,
+                              f"postgres lease store at {self._where}")
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise self._connect_error(exc) from exc
+            raise
+        connections = Connections(self._conninfo, max_size=self.pool_max)
+        connections.adopt(conn)  # the first statement needs no second connect
+        return connections
 
     def close(self) -> None:
         with self._lock:
@@ -554,6 +525,62 @@ class PostgresStore(Store):
             raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
         if row is None:
             raise lease_not_current(lease, when, what="committed")
+
+
+class Executes(Protocol):
+    """What the schema's statements run on: a psycopg connection, or a DB-API cursor's
+    adapter (the Django migration's)."""
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
+
+
+def create_schema(conn: Executes, queries: dict[str, str], schema: str, where: str) -> None:
+    """The store's schema made, or migrated to ``SCHEMA_VERSION``, in the caller's
+    transaction: the store's first connection runs it, and so do the Django app's
+    migrations (``lease_celery.contrib.django``), so there is one definition of the schema.
+    ``queries``: the dialect's queries with ``{schema}`` put in; ``where``: for messages."""
+    # The advisory lock serialises many workers starting at once.
+    conn.execute(queries["lock_schema"])
+    if schema != "public":
+        conn.execute(queries["create_schema"])
+    for name in ("create_leases", "create_effects", "create_fence", "create_meta",
+                 "create_history", "create_limits", "create_waiters"):
+        conn.execute(queries[name])
+    row = conn.execute(queries["get_schema_version"]).fetchone()
+    version = None if row is None else int(row[0])
+    check_schema_version(version, where)
+    if version == SCHEMA_VERSION:
+        return  # no DDL: it would lock the table against running workers
+    if version is not None:
+        # From any older schema (sql_glue.SCHEMA_VERSION says what each added): new
+        # columns only; no row is rewritten but schema 1's.
+        conn.execute(queries["migrate_columns"])
+        if version < 2:
+            conn.execute(queries["migrate_fill_sweep_at"])
+    for name in ("create_sweep_index", "create_history_key_index", "drop_history_at_index",
+                 "create_terminal_index", "create_history_function", "create_history_on_claim",
+                 "create_history_on_transition", "create_slots_index", "create_live_index",
+                 "create_dead_index", "create_waiters_order_index",
+                 "create_claim_limited_function"):
+        conn.execute(queries[name])
+    conn.execute(queries["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+
+def stored_schema_version(conn: Executes, queries: dict[str, str]) -> int | None:
+    """The schema version the database records, or None when it has no lease tables yet
+    (``conn``: an autocommit connection, or a transaction the caller may roll back)."""
+    try:
+        row = conn.execute(queries["get_schema_version"]).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return None
+    return None if row is None else int(row[0])
+
+
+def schema_queries(schema: str) -> dict[str, str]:
+    """The dialect's queries with ``{schema}`` replaced by ``schema``, quoted."""
+    quoted = '"' + schema + '"'
+    return {name: sql.replace("{schema}", quoted)
+            for name, sql in load_queries("postgres").items()}
 
 
 def carrying_claim(finish: str, claim: str) -> str:

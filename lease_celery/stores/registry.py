@@ -22,6 +22,9 @@ _SCHEMES: dict[str, str] = {
     "mariadb": "lease_celery.stores.mysql:MySQLStore",
     "redis": "lease_celery.stores.redis:RedisStore",
     "rediss": "lease_celery.stores.redis:RedisStore",
+    # django://ALIAS: the SQL store of that Django database (lease_celery.contrib.django);
+    # imported only when such a URL is opened, so the core imports no Django.
+    "django": "lease_celery.contrib.django.store:DjangoStore",
 }
 
 

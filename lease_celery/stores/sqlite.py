@@ -50,7 +50,7 @@ from .sql_glue import (
 from .sqlite_diagnosis import path_findings
 from .urls import number_option, url_options
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "create_schema", "stored_schema_version"]
 
 _T = TypeVar("_T")
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes (the module constants need 3.11)
@@ -67,6 +67,53 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def create_schema(conn: sqlite3.Connection, where: str) -> None:
+    """The store's schema made, or migrated to ``SCHEMA_VERSION``, in the caller's write
+    transaction: the store's first connection runs it, and so do the Django app's migrations
+    (``lease_celery.contrib.django``), so there is one definition of the schema. ``where``
+    names the file in messages."""
+    for name in ("create_leases", "create_retired", "create_effects", "create_fence",
+                 "init_fence", "create_history", "create_history_key_index",
+                 "drop_history_at_index", "create_history_on_claim",
+                 "create_history_on_transition", "create_meta", "create_limits",
+                 "create_waiters", "create_waiters_order_index"):
+        conn.execute(_Q[name])
+    row = conn.execute(_Q["get_schema_version"]).fetchone()
+    check_schema_version(None if row is None else int(row[0]), where)
+    if row is not None and int(row[0]) < SCHEMA_VERSION:
+        _migrate(conn, from_version=int(row[0]))
+    for name in ("create_sweep_index", "create_terminal_index", "create_slots_index",
+                 "create_live_index", "create_dead_index"):
+        conn.execute(_Q[name])
+    if row is None or int(row[0]) != SCHEMA_VERSION:
+        conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+
+def stored_schema_version(conn: sqlite3.Connection) -> int | None:
+    """The schema version the file records, or None when it has no lease tables yet."""
+    try:
+        row = conn.execute(_Q["get_schema_version"]).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return None if row is None else int(row[0])
+
+
+def _migrate(conn: sqlite3.Connection, *, from_version: int) -> None:
+    """From any older schema (``sql_glue.SCHEMA_VERSION`` says what each added): the columns
+    it lacks; schema 1's rows get their sweep time."""
+    columns = {name for (name,) in conn.execute(_Q["table_columns"])}
+    for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel", "grp",
+                   "slot"):
+        if column not in columns:
+            conn.execute(_Q[f"migrate_{column}"])
+    if from_version < 2:
+        conn.execute(_Q["migrate_fill_sweep_at"])
+    if from_version < 7:
+        conn.execute(_Q["drop_terminal_index"])  # made again below, with the state
 
 
 class SQLiteStore(Store):
@@ -162,36 +209,15 @@ class SQLiteStore(Store):
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(_Q["create_leases"])
-            conn.execute(_Q["create_retired"])
-            conn.execute(_Q["create_effects"])
-            conn.execute(_Q["create_fence"])
-            conn.execute(_Q["init_fence"])
-            conn.execute(_Q["create_history"])
-            conn.execute(_Q["create_history_key_index"])
-            conn.execute(_Q["drop_history_at_index"])
-            conn.execute(_Q["create_history_on_claim"])
-            conn.execute(_Q["create_history_on_transition"])
-            conn.execute(_Q["create_meta"])
-            conn.execute(_Q["create_limits"])
-            conn.execute(_Q["create_waiters"])
-            conn.execute(_Q["create_waiters_order_index"])
-            row = conn.execute(_Q["get_schema_version"]).fetchone()
-            check_schema_version(None if row is None else int(row[0]),
-                                 f"sqlite store {self.path!r}")
-            if row is not None and int(row[0]) < SCHEMA_VERSION:
-                self._migrate(conn, from_version=int(row[0]))
-            conn.execute(_Q["create_sweep_index"])
-            conn.execute(_Q["create_terminal_index"])
-            conn.execute(_Q["create_slots_index"])
-            conn.execute(_Q["create_live_index"])
-            conn.execute(_Q["create_dead_index"])
-            if row is None or int(row[0]) != SCHEMA_VERSION:
-                conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+            self._create_schema(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        """Inside the setup's write transaction: the schema made or migrated."""
+        create_schema(conn, f"sqlite store {self.path!r}")
 
     @staticmethod
     def _schema_current(conn: sqlite3.Connection) -> bool:
@@ -200,20 +226,6 @@ class SQLiteStore(Store):
         except sqlite3.OperationalError:  # no meta table yet: a new file
             return False
         return row is not None and int(row[0]) == SCHEMA_VERSION
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection, *, from_version: int) -> None:
-        """In the setup's transaction, from any older schema (``sql_glue.SCHEMA_VERSION``
-        says what each added): the columns it lacks; schema 1's rows get their sweep time."""
-        columns = {name for (name,) in conn.execute(_Q["table_columns"])}
-        for column in ("settling", "sweep_at", "swept_by", "checkpoint", "cancel", "grp",
-                       "slot"):
-            if column not in columns:
-                conn.execute(_Q[f"migrate_{column}"])
-        if from_version < 2:
-            conn.execute(_Q["migrate_fill_sweep_at"])
-        if from_version < 7:
-            conn.execute(_Q["drop_terminal_index"])  # made again below, with the state
 
     def close(self) -> None:
         with self._lock:

@@ -180,6 +180,16 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("edges", {"", "__main__", "cli", "ops", "otel", "testing", "pytest_plugin", "web",
                "web.app",
                "web.pages", "web.html", "web.timeline", "web.serve"}),
+    # Optional integrations, imported by no module below (the registry names the django://
+    # store by its path): what a Django project lists in INSTALLED_APPS.
+    ("integrations", {"contrib", "contrib.django", "contrib.django.apps",
+                      "contrib.django.config", "contrib.django.schema",
+                      "contrib.django.store", "contrib.django.postgres",
+                      "contrib.django.sqlite", "contrib.django.models",
+                      "contrib.django.paginator", "contrib.django.actions",
+                      "contrib.django.admin", "contrib.django.task",
+                      "contrib.django.transactions",
+                      "contrib.django.migrations", "contrib.django.migrations.0001_initial"}),
 ]
 
 #: The one import that points up, and why: LeasedTask is the only hook lease_celery has into

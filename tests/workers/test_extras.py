@@ -181,14 +181,16 @@ def test_the_wheel_holds_the_library_its_data_and_its_entry_points(wheel: Path) 
     for data in ("lease_celery/py.typed", "lease_celery/stores/sql/sqlite.sql",
                  "lease_celery/stores/sql/postgres.sql",
                  "lease_celery/stores/redis/scripts/claim_limited.lua",
-                 "lease_celery/web/static/dashboard.css"):
+                 "lease_celery/web/static/dashboard.css",
+                 "lease_celery/contrib/django/templates/admin/lease_celery/pagination.html",
+                 "lease_celery/contrib/django/migrations/0001_initial.py"):
         assert data in names, data
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), names
     assert "leases = lease_celery.cli:leases" in entry_points
     assert "lease_celery = lease_celery.pytest_plugin" in entry_points
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines()
               if line.startswith("Provides-Extra: ")}
-    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web"}
+    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web", "django"}
     assert "License-Expression: MIT" in metadata
     checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel)],
                              capture_output=True, text=True, timeout=60, check=False)
@@ -371,6 +373,11 @@ NEEDS_EXTRA = {
     "lease_celery.stores.pg_connections": "postgres",
     "lease_celery.stores.redis": "redis",
     "lease_celery.stores.redis.wire": "redis",
+    # The Django app: every module of it (its package imports Django, naming the extra).
+    **{f"lease_celery.contrib.django{name}": "django" for name in (
+        "", ".actions", ".admin", ".apps", ".config", ".models", ".paginator", ".postgres",
+        ".schema", ".sqlite", ".store", ".task", ".transactions", ".migrations",
+        ".migrations.0001_initial")},
 }
 
 #: Runs in a fresh interpreter: the packages named in ``EXTRAS_BLOCK`` cannot be imported
@@ -453,6 +460,9 @@ def test_every_module_that_needs_no_extra_imports_without_any() -> None:
     pytest.param("redis", "redis hiredis",
                  "import lease_celery; lease_celery.open_store('redis://127.0.0.1:1/0')",
                  id="redis-store"),
+    pytest.param("django", "django",
+                 "import lease_celery; lease_celery.open_store('django://default')",
+                 id="django-store"),
 ])
 def test_a_missing_extra_is_an_import_error_naming_it(extra: str, blocked: str,
                                                        step: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,21 +23,14 @@ import pytest
 
 from lease_celery import EffectState, Store, open_store
 from lease_celery.errors import EffectOutcomeUnknown
-from tests.support.browser import wait_until_replaced
+from tests.support.browser import headless_chromium, wait_until_replaced
 from tests.support.policy_helpers import REPO
-from tests.support.servers import missing
 
 TOKEN = "browser-test-token-4f9a"
 DEAD_KEY = "nightly:<script>window.pwned = 1; alert('key')</script>"
 DEAD_REASON = "gave up: <script>window.pwned = 2; alert('reason')</script>"
 EFFECT = "charge:<script>window.pwned = 3</script>:v1"
 OTHER_EFFECT = "refund:42:v1"
-
-
-def _need(what: str, present: bool, how: str) -> None:
-    """Missing browser parts fail the run under CI=true and skip the test elsewhere."""
-    if not present:
-        missing(f"{what} not installed: {how}")
 
 
 def _unknown(key: str) -> None:
@@ -97,26 +89,8 @@ def base_url(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Debian chromium driven by Debian's chromedriver through selenium."""
-    chromium = shutil.which("chromium")
-    driver_path = shutil.which("chromedriver")
-    _need("chromium and chromedriver", bool(chromium and driver_path),
-          "apt-get install -y chromium chromium-driver (.ci/run does)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError as exc:
-        _need("selenium", False, f"pip install -e . --group test ({exc})")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(chromium)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--disable-gpu", "--window-size=1280,1000"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(driver_path)), options=options)
-    driver.set_page_load_timeout(20)
-    try:
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _click_and_load(browser: Any, element: Any) -> None:
