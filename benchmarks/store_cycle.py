@@ -15,12 +15,13 @@ round to round) so that machine noise hits them alike:
   script (``HINCRBY`` the token, ``HSET`` owner, deadline and state) and one fenced finish
   script. SQLite runs it with the same ``journal_mode`` and ``synchronous`` as the store.
 
-    python benchmarks/store_cycle.py [--seconds 0.25] [--rounds 24] [--stores sqlite,postgres,redis]
+    python benchmarks/store_cycle.py [--seconds 0.25] [--rounds 24]
+        [--stores sqlite,postgres,redis,mysql]
 
 Prints cycles/s for each side (mean over the bursts) and the ratios library / raw,
 library / minimal and library / limited (the limited claim's cost, as a multiple). Needs
-PostgreSQL and Redis on 127.0.0.1 (the test servers) for those rows; every side removes its
-own tables and keys.
+PostgreSQL, Redis and MariaDB on 127.0.0.1 (the test servers) for those rows; every side
+removes its own tables and keys (MySQL: a database of the run's own).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from lease_celery import open_store
 from lease_celery.stores.queries import load_queries
 
 PG_DSN = "postgresql://127.0.0.1:5432/test"
+MYSQL_URL = "mysql://root@127.0.0.1:3306"
 REDIS_URL = "redis://127.0.0.1:6379/14"
 RESULT = {"pages": 3, "ok": True}
 TTL = 30.0
@@ -141,6 +143,71 @@ def raw_postgres(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
         assert done is not None
 
     return cycle, conn.close
+
+
+def _mysql(database: str | None = None) -> Any:
+    import pymysql
+
+    flags = pymysql.constants.CLIENT
+    return pymysql.connect(host="127.0.0.1", port=3306, user="root", database=database,
+                           autocommit=True,
+                           client_flag=flags.FOUND_ROWS | flags.MULTI_STATEMENTS)
+
+
+def raw_mysql(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """The store's own statements (its queries, as the store put them together) on a bare
+    PyMySQL connection: the claim batch (the upsert and its read-back by nonce in one
+    transaction, one round trip), the finish."""
+    store = open_store(url)
+    store.get("warm-up")  # the schema, and the queries for this server
+    q = store._q  # type: ignore[attr-defined]
+    store.close()
+    conn = _mysql(url.rsplit("/", 1)[1])
+    cur = conn.cursor()
+    run = uuid.uuid4().hex[:8]
+
+    def cycle(i: int) -> None:
+        params = {"key": f"raw:{run}:{i}", "owner": "bench", "ttl": TTL, "now": None,
+                  "task": None, "nonce": uuid.uuid4().hex, "grp": None, "slot": None}
+        cur.execute(q["claim_batch"], params)
+        token = None
+        while True:
+            if cur.description:
+                (token, *_rest) = cur.fetchone()
+            if not cur.nextset():
+                break
+        assert cur.execute(q["finish"], {**params, "token": token, "settle_within": None,
+                                         "result": json.dumps(RESULT)}) == 1
+
+    return cycle, conn.close
+
+
+def minimal_mysql(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """An upsert claim and a fenced finish on a table of their own; MySQL has no RETURNING:
+    the token is read back (LAST_INSERT_ID carries it out of the upsert in one statement)."""
+    conn = _mysql(url.rsplit("/", 1)[1])
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {MINIMAL_TABLE} (k VARCHAR(255) PRIMARY KEY, "
+                "owner TEXT, token BIGINT, expires_at DOUBLE, state VARCHAR(8), result TEXT)")
+    run = uuid.uuid4().hex[:8]
+    clock = "UNIX_TIMESTAMP(SYSDATE(6))"
+
+    def cycle(i: int) -> None:
+        key = f"min:{run}:{i}"
+        cur.execute(f"INSERT INTO {MINIMAL_TABLE} VALUES (%s, %s, LAST_INSERT_ID(1), "
+                    f"{clock} + %s, 'running', NULL) ON DUPLICATE KEY UPDATE "
+                    "token = LAST_INSERT_ID(token + 1)", (key, "bench", TTL))
+        token = conn.insert_id()
+        assert cur.execute(f"UPDATE {MINIMAL_TABLE} SET state = 'done', result = %s WHERE "
+                           f"k = %s AND owner = %s AND token = %s AND state = 'running' AND "
+                           f"expires_at > {clock}", (json.dumps(RESULT), key, "bench",
+                                                     token)) == 1
+
+    def close() -> None:
+        cur.execute(f"DROP TABLE IF EXISTS {MINIMAL_TABLE}")
+        conn.close()
+
+    return cycle, close
 
 
 def raw_redis(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -347,7 +414,10 @@ def main() -> None:
             "sqlite": (f"sqlite:///{Path(tmp) / 'bench.sqlite3'}", raw_sqlite, minimal_sqlite),
             "postgres": (f"{PG_DSN}?schema={schema}", raw_postgres, minimal_postgres),
             "redis": (f"{REDIS_URL}?prefix={prefix}", raw_redis, minimal_redis),
+            "mysql": (f"{MYSQL_URL}/{schema}", raw_mysql, minimal_mysql),
         }
+        if "mysql" in args.stores:  # the store makes its tables, not its database
+            _mysql().cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{schema}`")
         try:
             for name in args.stores.split(","):
                 url, raw, minimal = targets[name]
@@ -368,6 +438,8 @@ def cleanup(schema: str, prefix: str, stores: str) -> None:
 
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    if "mysql" in stores:
+        _mysql().cursor().execute(f"DROP DATABASE IF EXISTS `{schema}`")
     if "redis" in stores:
         import redis
 

@@ -1,6 +1,7 @@
 """Tasks per second through real prefork workers: plain Celery, LeasedTask, celery-once, -singleton.
 
-    python benchmarks/worker_throughput.py [--variants plain,sqlite,postgres,redis,once,singleton]
+    python benchmarks/worker_throughput.py
+        [--variants plain,sqlite,postgres,redis,mysql,once,singleton]
         [--body noop,10ms] [--tasks noop=2000,10ms=500 | --tasks N] [--rounds 3] [--json]
 
 One ``celery worker -P prefork -c 2`` per variant (tasks in
@@ -38,7 +39,8 @@ CPU per task, by process: user + system time (``/proc/<pid>/stat``; the Redis se
 its own ``INFO cpu``, in microseconds where /proc counts 10 ms ticks) over the batch, from the
 resume to the last settle confirmation, divided by its tasks: the worker (its main process and
 pool processes), the Redis server (the broker, and the store of the ``redis`` variant) and
-every PostgreSQL server process (the ``postgres`` variants' store). SQLite's cost is in the
+every PostgreSQL server process (the ``postgres`` variants' store) and the MariaDB server
+(``mariadbd``, the ``mysql`` variant's: database ``bench_<run>``). SQLite's cost is in the
 worker's. ``+worker`` is the variant's worker CPU minus the mean of the plain batches around
 it (the same alternation as the ratio): what the library costs the machine per task, steadier
 than the rate on a busy machine. Other tenants of the shared Redis and PostgreSQL servers land
@@ -68,9 +70,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 # Loopback only: the test servers of this machine.
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_HOST = "127.0.0.1"
+REDIS_PORT = int(os.environ.get("BENCH_REDIS_PORT", "6379"))
 BROKER_DB, STORE_DB = 9, 14
 PG_DSN = "postgresql://127.0.0.1:5432/test"
+MYSQL_URL = "mysql://root@127.0.0.1:3306"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script, only benchmarks/ is on it
 
@@ -86,7 +90,7 @@ from benchmarks.worker_variants import (  # noqa: E402
 DEFAULT_TASKS = {"noop": 2000, "10ms": 500}
 #: Each store, and the environment variable holding its URL.
 _STORE_ENV = {"sqlite": "BENCH_SQLITE_URL", "postgres": "BENCH_POSTGRES_URL",
-              "redis": "BENCH_REDIS_STORE_URL"}
+              "redis": "BENCH_REDIS_STORE_URL", "mysql": "BENCH_MYSQL_URL"}
 #: The lease variants, and the environment variable holding each one's store URL (the inline
 #: and carried variants use their store's own).
 STORE_ENV = {**_STORE_ENV,
@@ -108,6 +112,18 @@ POLL = 0.02
 def batch_timeout(tasks: int, body_seconds: float) -> float:
     """A generous bound on one batch: 20 tasks/s on a very busy machine, plus the bodies."""
     return 30.0 + tasks * (0.05 + body_seconds)
+
+
+def _mysql_admin(statement: str) -> None:
+    """One statement on the MySQL test server (the ``mysql`` variant's database)."""
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
 
 
 # -- workers -------------------------------------------------------------------------------
@@ -168,7 +184,7 @@ class WorkerFailed(RuntimeError):
 
 #: The processes whose CPU a batch reports, each a column of the table (and, in the JSON
 #: ``worker_main``: the worker's main process alone, shown beside the pool processes' rest).
-CPU_PARTS = ("worker", "redis", "postgres")
+CPU_PARTS = ("worker", "redis", "postgres", "mariadbd")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -238,7 +254,8 @@ class CpuMeter:
 
     def read(self) -> dict[str, dict[int, float]]:
         parts = {"worker": process_tree(self.worker_pid), "worker_main": [self.worker_pid],
-                 "postgres": processes_named("postgres")}
+                 "postgres": processes_named("postgres"),
+                 "mariadbd": processes_named("mariadbd")}
         read = {part: {pid: _cpu_of(pid) for pid in pids} for part, pids in parts.items()}
         return {**read, "redis": self._redis_cpu()}
 
@@ -321,6 +338,7 @@ class Run:
                                           f"{os.environ.get('BENCH_SQLITE_QUERY', '')}",
             "BENCH_POSTGRES_NOHISTORY_URL": f"{PG_DSN}?schema={self.schemas[1]}",
             "BENCH_REDIS_STORE_URL": f"{self.store_redis_url}?prefix={self.prefix}",
+            "BENCH_MYSQL_URL": f"{MYSQL_URL}/{self.schema}",
         }
         self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=10,
                                           socket_connect_timeout=5, decode_responses=True)
@@ -340,6 +358,8 @@ class Run:
         return self.app_module
 
     def start_workers(self) -> None:
+        if "mysql" in self.variants:  # the store makes its tables, not its database
+            _mysql_admin(f"CREATE DATABASE IF NOT EXISTS `{self.schema}`")
         # Start them all, then wait: their boots overlap instead of adding up.
         for variant in self.variants:
             self.workers[variant] = self._spawn(variant)
@@ -566,6 +586,11 @@ class Run:
                     self._delete(client, [f"{self.prefix}*"])
             except Exception as exc:
                 problems.append(f"store keys: {exc}")
+        if "mysql" in self.variants:
+            try:
+                _mysql_admin(f"DROP DATABASE IF EXISTS `{self.schema}`")
+            except Exception as exc:
+                problems.append(f"database {self.schema}: {exc}")
         if any(v.startswith("postgres") for v in self.variants):
             try:
                 import psycopg
@@ -639,7 +664,7 @@ def table(rows: list[Row]) -> str:
     width = max([10, *(len(row.variant) + 2 for row in rows)])
     lines = [f"{'variant':<{width}}{'body':<6}{'tasks':>6}{'tasks/s':>10}{'ratio':>7}"
              f"{'publish/s':>11}{'worker':>9}{'main':>7}{'pool':>7}{'+worker':>9}{'redis':>7}"
-             f"{'postgres':>9}"
+             f"{'postgres':>9}{'mariadbd':>9}"
              "  ratios per round"]
     for row in rows:
         if row.ratio_median is None:
@@ -650,13 +675,14 @@ def table(rows: list[Row]) -> str:
         else:
             ratio, detail = f"{row.ratio_median:.2f}", " ".join(f"{r:.2f}" for r in row.ratios)
             extra = f"{row.extra_worker_median:+,.0f}"
-        worker, redis, postgres = (row.cpu_median(part) for part in CPU_PARTS)
+        worker, redis, postgres, mariadbd = (row.cpu_median(part) for part in CPU_PARTS)
         # The main process (consumer, event loop, acks) apart from the pool processes (the
         # tasks): the main process's share follows the rate, the pool's is the task's own.
         main = row.cpu_median("worker_main")
         lines.append(f"{row.variant:<{width}}{row.body:<6}{row.tasks:>6}{row.rate_median:>10,.0f}"
                      f"{ratio:>7}{row.publish_median:>11,.0f}{worker:>9,.0f}{main:>7,.0f}"
-                     f"{worker - main:>7,.0f}{extra:>9}{redis:>7,.0f}{postgres:>9,.0f}  {detail}")
+                     f"{worker - main:>7,.0f}{extra:>9}{redis:>7,.0f}{postgres:>9,.0f}"
+                     f"{mariadbd:>9,.0f}  {detail}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@ same Celery configuration and the same bodies; only the base class differs:
 
 - ``plain``: a plain Celery task (the baseline);
 - ``plain-busy``: the same, its body first spending some CPU in a busy loop (``BUSY``);
-- ``sqlite``, ``postgres``, ``redis``: ``LeasedTask`` keyed ``bench:{batch}:{i}`` on that store;
+- ``sqlite``, ``postgres``, ``redis``, ``mysql``: ``LeasedTask`` keyed ``bench:{batch}:{i}``
+  on that store;
 - ``once``: celery-once's ``QueueOnce`` (its Redis backend), keyed on both arguments;
 - ``singleton``: celery-singleton's ``Singleton`` (its Redis backend), keyed on both arguments.
 
@@ -54,6 +55,7 @@ BROKER_URL = ENV.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 STORE_URLS = {"sqlite": ENV.get("BENCH_SQLITE_URL", ""),
               "postgres": ENV.get("BENCH_POSTGRES_URL", ""),
               "redis": ENV.get("BENCH_REDIS_STORE_URL", ""),
+              "mysql": ENV.get("BENCH_MYSQL_URL", ""),
               # The same stores with the history triggers dropped after the warm-up (what the
               # history costs a task: see worker_throughput.py).
               "sqlite-nohistory": ENV.get("BENCH_SQLITE_NOHISTORY_URL", ""),

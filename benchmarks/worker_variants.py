@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["BUSY", "CARRIED", "DEFAULT_VARIANTS", "INLINE", "NO_HISTORY", "VARIANTS"]
 
 #: The variants a run measures by default.
-DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "once", "singleton")
+DEFAULT_VARIANTS = ("plain", "sqlite", "postgres", "redis", "mysql", "once", "singleton")
 #: Also known: a store with its history triggers dropped after the warm-up, so that the same
 #: run measures what the store's history costs a task (``plain,sqlite,sqlite-nohistory``).
 NO_HISTORY = {"sqlite-nohistory": "sqlite", "postgres-nohistory": "postgres"}

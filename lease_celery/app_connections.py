@@ -69,6 +69,9 @@ def app_connection(connection: Any) -> AppConnection:
     psycopg = sys.modules.get("psycopg")  # imported by the app if it holds such a connection
     if psycopg is not None and isinstance(connection, psycopg.Connection):
         return _Psycopg(connection)
+    pymysql = sys.modules.get("pymysql.connections")
+    if pymysql is not None and isinstance(connection, pymysql.Connection):
+        return _PyMySQL(connection)
     sqlalchemy_orm = sys.modules.get("sqlalchemy.orm")
     sqlalchemy_engine = sys.modules.get("sqlalchemy.engine")
     if sqlalchemy_orm is not None and isinstance(connection, sqlalchemy_orm.Session):
@@ -77,7 +80,7 @@ def app_connection(connection: Any) -> AppConnection:
         return _SqlAlchemyConnection(connection)
     raise ConfigError(
         f"lease_celery cannot write through a {type(connection).__module__}."
-        f"{type(connection).__qualname__}: pass a psycopg 3 connection, a sqlite3 connection, "
+        f"{type(connection).__qualname__}: pass a psycopg 3, PyMySQL or sqlite3 connection, "
         "or a SQLAlchemy Connection or Session to the lease store's own database")
 
 
@@ -161,6 +164,46 @@ class _Psycopg:
         from psycopg import Rollback
         owned, self._owned = self._owned, None
         owned.__exit__(Rollback, Rollback(), None)
+
+
+class _PyMySQL:
+    dialect = "mysql"
+
+    def __init__(self, connection: Any) -> None:
+        self.raw = connection
+
+    @property
+    def in_transaction(self) -> bool:
+        from pymysql.constants import SERVER_STATUS
+
+        return bool(self.raw.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)
+
+    @property
+    def opens_on_write(self) -> bool:
+        return not self.raw.get_autocommit()
+
+    def _cursor(self) -> Any:
+        from pymysql.cursors import Cursor
+
+        return self.raw.cursor(Cursor)  # tuples: the app's cursor class is the app's
+
+    def execute(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._cursor() as cursor:
+            cursor.execute(sql, params)
+            return _rows(cursor)
+
+    def changed(self, sql: str, params: dict[str, Any]) -> int:
+        with self._cursor() as cursor:
+            return int(cursor.execute(sql, params))
+
+    def begin(self) -> None:
+        self.raw.begin()
+
+    def commit(self) -> None:
+        self.raw.commit()
+
+    def rollback(self) -> None:
+        self.raw.rollback()
 
 
 class _SqlAlchemyConnection:

@@ -17,6 +17,7 @@ from tests.support.servers import (
     PG_DSN,
     REDIS_STORE_URL,
     REDIS_URL,
+    mysql_reachable,
     postgres_reachable,
     redis_reachable,
     require,
@@ -60,6 +61,28 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """A MySQL store URL on a database of this test's own (an emptied one of an earlier test
+    of this process: tests/support/mysql_databases.py)."""
+    reachable, detail = mysql_reachable()
+    require("MariaDB", reachable, detail)
+    from tests.support.mysql_databases import database
+
+    with database() as url:
+        yield url
+        history.flush()  # entries still queued (a sweep's) would land after the clean-up
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mysql_databases() -> Iterator[None]:
+    """The pooled MySQL test databases are dropped when the test process ends."""
+    yield
+    from tests.support.mysql_databases import drop_pool
+
+    drop_pool()
+
+
+@pytest.fixture
 def redis_store_url() -> Iterator[str]:
     """A Redis store URL with a key prefix of this test's own, whose keys are deleted after."""
     reachable, detail = redis_reachable()
@@ -72,7 +95,7 @@ def redis_store_url() -> Iterator[str]:
         client.delete(key)
 
 
-STORES = ["sqlite", "postgres", "redis"]
+STORES = ["sqlite", "postgres", "redis", "mysql"]
 
 
 @pytest.fixture
@@ -92,8 +115,10 @@ def stores(store_url: str, clock: ManualClock) -> Iterator[list[Store]]:
 
 
 def fresh_store_url(request: pytest.FixtureRequest, kind: str) -> str:
-    """A fresh, isolated store URL of ``kind`` (sqlite, postgres or redis) for this test."""
-    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url"}[kind]
+    """A fresh, isolated store URL of ``kind`` (sqlite, postgres, redis or mysql) for this
+    test."""
+    name = {"sqlite": "sqlite_url", "postgres": "postgres_url", "redis": "redis_store_url",
+            "mysql": "mysql_url"}[kind]
     url: str = request.getfixturevalue(name)
     return url
 

@@ -1,6 +1,6 @@
 """Chaos harness with a history checker: real workers, real faults, a verdict from what happened.
 
-``python -m benchmarks.chaos --store sqlite|postgres|redis``; see README.md in this directory.
+``python -m benchmarks.chaos --store sqlite|postgres|redis|mysql``; see README.md in this directory.
 
 Modules, each owning one thing:
 

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.chaos --store sqlite|postgres|redis [--tasks N] [--faults ...]``."""
+"""``python -m benchmarks.chaos --store sqlite|postgres|redis|mysql [--tasks N] [--faults ...]``."""
 
 import sys
 

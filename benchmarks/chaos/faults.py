@@ -4,15 +4,17 @@
 | --- | --- |
 | ``kill`` | SIGKILL a whole worker (its process group); the supervisor starts a fresh one |
 | ``stop`` | SIGSTOP one pool child for 1.5–2 × ttl, then SIGCONT (a stall past the lease) |
-| ``conn`` | kill the lease store's connections from the server side (PostgreSQL, Redis) |
-| ``slow`` | delay the store's replies by 0.6–0.9 × ttl for 2–3 × ttl (PostgreSQL, Redis) |
+| ``conn`` | kill the lease store's connections from the server side (PostgreSQL, Redis,
+  MySQL) |
+| ``slow`` | delay the store's replies by 0.6–0.9 × ttl for 2–3 × ttl (PostgreSQL, Redis, MySQL) |
 | ``sweep`` | arm a ticket right before each ``kill`` (else twice): the next worker whose sweep
   marks rows SIGKILLs its own group between the mark and the re-publish |
 | ``finish`` | arm tickets: a pool child exits between its accepted finish and the result write |
 | ``hold`` | arm tickets: a pool child stalls 1.25 × ttl between its accepted finish and the result
   write while its own message is delivered again (a redelivery racing the result write) |
 | ``store-restart`` | restart the store's server (opt-in, never in ``all``): the machine's
-  PostgreSQL (``pg_ctlcluster ... restart -m fast``), or the run's own redis-server, down for
+  PostgreSQL (``pg_ctlcluster ... restart -m fast``), the machine's MariaDB (``mariadb-admin
+  shutdown``, then started as ``.ci/run`` starts it), or the run's own redis-server, down for
   0.25–1 × ttl (two restarts in three) or 1.5–2.5 × ttl (longer than a delivery waits) |
 
 Counts are bounded (they grow with the window, up to a cap) and every fault lies inside the
@@ -315,7 +317,8 @@ class FaultInjector:
 
     def _restart(self, down: float) -> None:
         own = self.sandbox.own_redis
-        server = f"redis :{own.port}" if own is not None else "postgres (the machine's cluster)"
+        server = (f"redis :{own.port}" if own is not None
+                  else f"{self.sandbox.kind} (the machine's server)")
         self.events.record("fault", kind="store-restart", source="harness", server=server,
                            down=round(down, 2) if own is not None else None)
         try:

@@ -35,6 +35,8 @@ from .receiver import fetch_requests, running_receiver
 from .report import format_report
 from .sandbox import (
     BROKER_DB,
+    MYSQL_HOST,
+    MYSQL_PORT,
     PG_DSN,
     REDIS_HOST,
     REDIS_PORT,
@@ -104,6 +106,15 @@ def _check_servers(store: str, broker: BrokerSandbox) -> None:
             psycopg.connect(PG_DSN, connect_timeout=5).close()
         except Exception as exc:
             raise HarnessError(f"PostgreSQL at {PG_DSN} is not reachable: {exc}") from exc
+    if store == "mysql":
+        import pymysql
+
+        try:
+            pymysql.connect(host=MYSQL_HOST, port=MYSQL_PORT, user="root",
+                            connect_timeout=5).close()
+        except Exception as exc:
+            raise HarnessError(f"MariaDB at {MYSQL_HOST}:{MYSQL_PORT} is not reachable: "
+                               f"{exc}") from exc
 
 
 def _own_redis(options: RunOptions, kinds: list[str]) -> str | None:
@@ -163,11 +174,11 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         raise HarnessError(f"unknown store {options.store!r}; one of {', '.join(STORES)}")
     kinds, skipped = parse_faults(options.faults, options.store)
     own_redis = _own_redis(options, kinds)
-    if ("store-restart" in kinds and options.store == "postgres"
+    if ("store-restart" in kinds and options.store in ("postgres", "mysql")
             and os.environ.get("CI", "").lower() == "true"):
-        # The machine's cluster is shared: a restart ends every other session on it, the CI
+        # The machine's server is shared: a restart ends every other session on it, the CI
         # run's parallel tests included. Full runs only, by hand.
-        raise HarnessError("store-restart on postgres restarts the machine's PostgreSQL: "
+        raise HarnessError(f"store-restart on {options.store} restarts the machine's server: "
                            "not under CI=true")
     if options.broker not in BROKERS:
         raise HarnessError(f"unknown broker {options.broker!r}; one of {', '.join(BROKERS)}")

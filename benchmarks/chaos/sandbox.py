@@ -2,19 +2,22 @@
 
 - sqlite: a file in the run's temp directory.
 - postgres: a fresh schema ``chaos_<run>`` on postgresql://127.0.0.1:5432/test, dropped after.
+- mysql: a fresh database ``chaos_<run>`` on the MariaDB at 127.0.0.1:3306, dropped after.
 - redis: keys under ``chaos_<run>:`` in Redis database 14, deleted after; or, for the
   ``store-restart`` fault, database 0 of a redis-server of the run's own
   (:class:`~benchmarks.chaos.storeserver.OwnRedis`), stopped after.
 
 Servers are reached by the workers through a :class:`~benchmarks.chaos.proxy.DelayingProxy`
 (so replies can be slowed), and tagged with a name of the run's own (PostgreSQL
-``application_name``, Redis ``client_name``), so a connection kill hits the lease store's
-connections of this run and nothing else on the server. The checker reads the store directly.
+``application_name``, Redis ``client_name``, MySQL the run's own database), so a connection
+kill hits the lease store's connections of this run and nothing else on the server. The
+checker reads the store directly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +26,14 @@ from urllib.parse import urlsplit
 import redis
 
 from .proxy import DelayingProxy
-from .storeserver import OwnRedis, restart_postgres
+from .storeserver import OwnRedis, mysql_admin, restart_mariadb, restart_postgres
 
-__all__ = ["BROKER_DB", "PG_DSN", "REDIS_HOST", "REDIS_PORT", "STORES", "STORE_DB",
-           "StoreSandbox", "delete_keys", "redis_client", "store_sandbox"]
+__all__ = ["BROKER_DB", "MYSQL_HOST", "MYSQL_PORT", "PG_DSN", "REDIS_HOST", "REDIS_PORT",
+           "STORES", "STORE_DB", "StoreSandbox", "delete_keys", "redis_client", "store_sandbox"]
 
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_HOST = "127.0.0.1"
+# LEASE_TEST_REDIS_PORT: the Redis of the broker and event log, as the test suite's.
+REDIS_PORT = int(os.environ.get("LEASE_TEST_REDIS_PORT", "6379"))
 #: Redis database of the chaos runs' lease stores (keys under a per-run prefix).
 STORE_DB = 14
 #: Redis database of the chaos runs' broker, result backend and event log (per-run prefix).
@@ -36,7 +41,8 @@ BROKER_DB = 15
 #: The store's database on a redis-server of the run's own (nothing else lives there).
 OWN_STORE_DB = 0
 PG_DSN = "postgresql://127.0.0.1:5432/test"
-STORES = ("sqlite", "postgres", "redis")
+MYSQL_HOST, MYSQL_PORT = "127.0.0.1", 3306
+STORES = ("sqlite", "postgres", "redis", "mysql")
 
 
 @dataclass
@@ -50,15 +56,17 @@ class StoreSandbox:
 
     @property
     def restartable(self) -> bool:
-        """Whether ``restart_server`` applies: the machine's PostgreSQL, or a Redis of the
-        run's own (never the machine's Redis: other test runs live on it)."""
-        return self.kind == "postgres" or self.own_redis is not None
+        """Whether ``restart_server`` applies: the machine's PostgreSQL or MariaDB, or a Redis
+        of the run's own (never the machine's Redis: other test runs live on it)."""
+        return self.kind in ("postgres", "mysql") or self.own_redis is not None
 
     def restart_server(self, down: float) -> float:
         """Restart the store's server (a Redis of our own stays down ``down`` seconds; a
         PostgreSQL restart takes what it takes); return the seconds it did not answer."""
         if self.kind == "postgres":
             return restart_postgres(PG_DSN)
+        if self.kind == "mysql":
+            return restart_mariadb(MYSQL_HOST, MYSQL_PORT)
         if self.own_redis is not None:
             return self.own_redis.restart(down)
         raise ValueError(f"the {self.kind} store has no server of the run's own to restart")
@@ -85,6 +93,9 @@ class StoreSandbox:
                     "WHERE datname = 'test' AND pid <> pg_backend_pid() "
                     "AND application_name = %s", (self.tag,)).fetchone()
             return int(row[0]) if row else 0
+        if self.kind == "mysql":
+            # The run's database is its tag: every connection in it is the run's store's.
+            return mysql_admin(MYSQL_HOST, MYSQL_PORT, kill_in=self.tag)
         if self.kind == "redis":
             client, db = self._redis_server()
             killed = 0
@@ -117,6 +128,16 @@ def store_sandbox(kind: str, run_id: str, folder: Path, *,
         finally:
             proxy.close()
             _drop_schema(tag)
+        return
+    if kind == "mysql":
+        mysql_admin(MYSQL_HOST, MYSQL_PORT, create=tag)
+        proxy = DelayingProxy(MYSQL_HOST, MYSQL_PORT)
+        try:
+            yield StoreSandbox(kind, f"mysql://root@127.0.0.1:{proxy.port}/{tag}",
+                               f"mysql://root@{MYSQL_HOST}:{MYSQL_PORT}/{tag}", tag, proxy)
+        finally:
+            proxy.close()
+            mysql_admin(MYSQL_HOST, MYSQL_PORT, kill_in=tag, drop=tag)
         return
     if kind == "redis" and own_redis is not None:
         server = OwnRedis(folder / "redis", persistence=own_redis)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import redis
 
-__all__ = ["PERSISTENCE", "PORTS", "OwnRedis", "restart_postgres"]
+__all__ = ["PERSISTENCE", "PORTS", "OwnRedis", "mysql_admin", "restart_mariadb",
+           "restart_postgres"]
 
 #: Ports the run's own redis-server may take (the first free one).
 PORTS = range(16400, 16500)
@@ -152,4 +153,63 @@ def restart_postgres(dsn: str, *, cluster: str = "main") -> float:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def mysql_admin(host: str, port: int, *, create: str | None = None, kill_in: str | None = None,
+                drop: str | None = None) -> int:
+    """On the MariaDB at ``host:port``: create a database, kill every connection in one (all
+    but this one; how many), drop one."""
+    import pymysql
+
+    conn = pymysql.connect(host=host, port=port, user="root", autocommit=True,
+                           connect_timeout=5)
+    killed = 0
+    try:
+        with conn.cursor() as cur:
+            if create is not None:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{create}`")
+            if kill_in is not None:
+                cur.execute("SELECT id FROM information_schema.processlist "
+                            "WHERE db = %s AND id <> CONNECTION_ID()", (kill_in,))
+                for (found,) in cur.fetchall():
+                    try:
+                        cur.execute(f"KILL CONNECTION {int(found)}")
+                        killed += 1
+                    except pymysql.Error:
+                        pass  # it ended meanwhile
+            if drop is not None:
+                cur.execute(f"DROP DATABASE IF EXISTS `{drop}`")
+    finally:
+        conn.close()
+    return killed
+
+
+#: How the machine's MariaDB is started (as .ci/run starts it).
+MARIADB_START = ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
+                 "/usr/sbin/mariadbd"]
+
+
+def restart_mariadb(host: str, port: int) -> float:
+    """Restart the machine's MariaDB (a clean shutdown: InnoDB flushes, every session ends),
+    start it as ``.ci/run`` does, wait until it takes a connection again; return the seconds
+    it did not. Never leaves it down: a start that fails is tried again until the deadline."""
+    import pymysql
+
+    started = time.monotonic()
+    stop = subprocess.run(["mariadb-admin", "-h", host, "-P", str(port), "-uroot", "shutdown"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if stop.returncode != 0:
+        raise RuntimeError(f"mariadb-admin shutdown exited {stop.returncode}: "
+                           f"{(stop.stderr or stop.stdout).strip()[:500]}")
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        subprocess.run(MARIADB_START, capture_output=True, timeout=30, check=False)
+        try:
+            pymysql.connect(host=host, port=port, user="root", connect_timeout=2).close()
+            break
+        except pymysql.Error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     return time.monotonic() - started

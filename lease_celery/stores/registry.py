@@ -18,6 +18,8 @@ _SCHEMES: dict[str, str] = {
     "sqlite": "lease_celery.stores.sqlite:SQLiteStore",
     "postgresql": "lease_celery.stores.postgres:PostgresStore",
     "postgres": "lease_celery.stores.postgres:PostgresStore",
+    "mysql": "lease_celery.stores.mysql:MySQLStore",
+    "mariadb": "lease_celery.stores.mysql:MySQLStore",
     "redis": "lease_celery.stores.redis:RedisStore",
     "rediss": "lease_celery.stores.redis:RedisStore",
     # django://ALIAS: the SQL store of that Django database (lease_celery.contrib.django);

@@ -47,6 +47,7 @@ from lease_celery.limits import GroupLimit, LimitRefused, parse_rate
 from lease_celery.models import EffectState, LeaseRecord, LeaseState
 from lease_celery.stores.model import Model, ModelRow
 from lease_celery.testing import ManualClock
+from tests.support.mysql_databases import TABLES, database, server_connection
 from tests.support.proxy import ReplyDroppingProxy
 from tests.support.servers import PG_DSN, REDIS_STORE_URL
 
@@ -157,6 +158,10 @@ def target(kind: str, *, proxied: bool = True) -> Iterator[Target]:
             admin.close()
             drop()
         return
+    if kind == "mysql":
+        with mysql_target() as found:
+            yield found
+        return
     prefix, name = f"lease_model_{run}:", f"lease-model-{run}"
     client = redis.Redis.from_url(REDIS_STORE_URL)
 
@@ -176,6 +181,35 @@ def target(kind: str, *, proxied: bool = True) -> Iterator[Target]:
     finally:
         lose()
         client.close()
+
+
+@contextlib.contextmanager
+def mysql_target() -> Iterator[Target]:
+    """A MySQL store on a database of its own, emptied for each example; its connections
+    killed by an administrator's KILL (no lost replies: the proxy speaks PostgreSQL's
+    protocol)."""
+    with database() as url:
+        name = urlsplit(url).path.lstrip("/")
+        admin = server_connection()
+
+        def kill() -> None:
+            with admin.cursor() as cur:
+                cur.execute("SELECT id FROM information_schema.processlist "
+                            "WHERE db = %s AND id <> CONNECTION_ID()", (name,))
+                for (found,) in cur.fetchall():
+                    with contextlib.suppress(Exception):
+                        cur.execute(f"KILL CONNECTION {int(found)}")
+
+        def empty() -> None:
+            with admin.cursor() as cur:
+                for table in TABLES:
+                    with contextlib.suppress(Exception):  # no tables before the first store
+                        cur.execute(f"DELETE FROM `{name}`.`{table}`")
+
+        try:
+            yield Target("mysql", url, empty, kill)
+        finally:
+            admin.close()
 
 
 def task_info(prefix: str) -> dict[str, Any]:

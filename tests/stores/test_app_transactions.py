@@ -21,7 +21,7 @@ from lease_celery.testing import ManualClock
 from tests.support import app_db
 from tests.support.tokens import token_base
 
-SQL_STORES = ["sqlite", "postgres"]
+SQL_STORES = ["sqlite", "postgres", "mysql"]
 
 
 @pytest.fixture(params=SQL_STORES)
@@ -147,6 +147,11 @@ def test_a_connection_to_another_database_is_refused(store: Store, tmp_path: Any
         import sqlite3
 
         elsewhere: Any = sqlite3.connect(tmp_path / "elsewhere.sqlite3")
+    elif app_db.dialect(store) == "mysql":
+        from tests.support.mysql_databases import server_connection
+
+        elsewhere = server_connection()  # the server's, but no database of the store's
+        elsewhere.select_db("test")
     else:
         import psycopg
 

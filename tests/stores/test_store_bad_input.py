@@ -34,6 +34,7 @@ from lease_celery import (
     StoreError,
     open_store,
 )
+from lease_celery.stores.mysql import MySQLStore
 from lease_celery.stores.postgres import PostgresStore
 from lease_celery.stores.redis import RedisStore
 from lease_celery.stores.sqlite import SQLiteStore
@@ -61,6 +62,12 @@ def _row_count(store: Store) -> int:
                 f'SELECT count(*) FROM "{store.schema}".lease_celery_leases').fetchone()
             assert row is not None
             return int(row[0])
+    if isinstance(store, MySQLStore):
+        from tests.support.mysql_databases import server_connection
+
+        with closing(server_connection()) as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM `{store.database}`.lease_celery_leases")
+            return int(cur.fetchone()[0])
     assert isinstance(store, RedisStore), store
     client = redis.Redis.from_url(REDIS_STORE_URL)
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+import pymysql
+
 from lease_celery import Store
 
 #: The forms of an app connection: the driver's own, a SQLAlchemy Connection, a Session.
@@ -17,20 +19,46 @@ KINDS = ["driver", "sqlalchemy", "session"]
 
 
 def dialect(store: Store) -> str:
-    return "sqlite" if store.url.startswith("sqlite") else "postgres"
+    scheme = store.url.split(":", 1)[0]
+    return {"sqlite": "sqlite", "mysql": "mysql", "mariadb": "mysql"}.get(scheme, "postgres")
 
 
 def sqlalchemy_url(store: Store) -> str:
     if dialect(store) == "sqlite":
         return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
+    if dialect(store) == "mysql":
+        return "mysql+pymysql://" + store.url.split("://", 1)[1].split("?")[0]
     return "postgresql+psycopg://" + store.url.split("://", 1)[1].split("?")[0]
 
 
 def table(store: Store, name: str = "app_rows") -> str:
-    """The app table's name, in the store's schema on PostgreSQL."""
-    if dialect(store) == "sqlite":
+    """The app table's name, in the store's schema on PostgreSQL (on MySQL the connection's
+    database is the store's)."""
+    if dialect(store) in ("sqlite", "mysql"):
         return name
     return f'"{store.schema}".{name}'  # type: ignore[attr-defined]
+
+
+class _PyMySQLApp(pymysql.connections.Connection):  # type: ignore[misc]
+    """The app's PyMySQL connection (what lease_celery wraps), with ``execute`` as the other
+    drivers have it, for the tests' own statements."""
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        cursor = self.cursor()
+        cursor.execute(sql, params)
+        return cursor
+
+
+def _mysql_app(store: Store) -> _PyMySQLApp:
+    from urllib.parse import urlsplit
+
+    from tests.support.servers import MYSQL_URL
+
+    parts = urlsplit(MYSQL_URL)
+    return _PyMySQLApp(host=parts.hostname or "127.0.0.1", port=parts.port or 3306,
+                       user=parts.username or "root", password=parts.password or "",
+                       database=store.database,  # type: ignore[attr-defined]
+                       autocommit=False)
 
 
 def connect(store: Store, kind: str) -> Any:
@@ -41,6 +69,8 @@ def connect(store: Store, kind: str) -> Any:
     if kind == "driver":
         if dialect(store) == "sqlite":
             conn: Any = sqlite3.connect(store.path, timeout=10)  # type: ignore[attr-defined]
+        elif dialect(store) == "mysql":
+            conn = _mysql_app(store)
         else:
             import psycopg
 
@@ -61,7 +91,10 @@ def insert(conn: Any, store: Store, job: str, n: int = 1) -> None:
     """One app row, through ``conn`` in whatever transaction it has open."""
     mark = "?" if dialect(store) == "sqlite" else "%s"
     sql = f"INSERT INTO {table(store)} (job, n) VALUES ({mark}, {mark})"
-    if hasattr(conn, "get_bind"):  # a Session: its connection, in its transaction
+    if isinstance(conn, pymysql.connections.Connection) and not isinstance(conn, _PyMySQLApp):
+        with conn.cursor() as cursor:  # the store's own (store.fenced()): no execute()
+            cursor.execute(sql, (job, n))
+    elif hasattr(conn, "get_bind"):  # a Session: its connection, in its transaction
         conn.connection().exec_driver_sql(sql, (job, n))
     elif hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
         conn.exec_driver_sql(sql, (job, n))

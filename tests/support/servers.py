@@ -50,6 +50,21 @@ REDIS_STORE_DB = int(os.environ.get("LEASE_TEST_REDIS_STORE_DB", "13"))
 REDIS_STORE_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_STORE_DB}"
 
 
+#: The MariaDB (or MySQL) server of the MySQL store's tests: each test has a database of its
+#: own (tests/support/mysql_databases.py).
+MYSQL_URL = os.environ.get("LEASE_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
+
+
+def mysql_reachable() -> tuple[bool, str]:
+    try:
+        from tests.support.mysql_databases import server_connection
+
+        server_connection().close()
+        return True, ""
+    except Exception as exc:  # any failure means: not usable for the tests
+        return False, f"{MYSQL_URL}: {exc}"
+
+
 def postgres_reachable() -> tuple[bool, str]:
     try:
         import psycopg

@@ -206,14 +206,14 @@ def test_a_bad_app_setting_is_one_line(sqlite_url: str, tmp_path: Path) -> None:
     module.write_text(
         "from celery import Celery\n"
         "app = Celery('bad_url', broker='memory://', set_as_current=False)\n"
-        "app.conf.lease_store_url = 'mysql://127.0.0.1/x'\n")
+        "app.conf.lease_store_url = 'mongodb://127.0.0.1/x'\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     proc = run_cli(["list"], env=env, cwd=tmp_path,
                    program=[sys.executable, "-m", "celery", "-A", "bad_url_app", "leases"])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "lease_store_url" in proc.stderr and "mysql" in proc.stderr
+    assert "lease_store_url" in proc.stderr and "mongodb" in proc.stderr
 
 
 def _app_module(tmp_path: Path, name: str, body: str) -> dict[str, str]:

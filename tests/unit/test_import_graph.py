@@ -157,6 +157,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "stores.pg_connections", "stores.sqlite_diagnosis", "stores.redis.diagnosis",
                 "stores.redis", "stores.redis.store", "stores.redis.lua",
                 "stores.redis.options", "stores.redis.wire", "effects",
+                "stores.mysql", "stores.mysql_connections", "stores.mysql_diagnosis",
+                "stores.mysql_limits", "stores.mysql_schema",
                 # the contract's reference model: basic types only; tests and benchmarks
                 # import it, nothing in the package does
                 "stores.model"}),

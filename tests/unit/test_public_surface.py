@@ -100,7 +100,7 @@ def test_the_package_metadata_is_ready_for_an_index() -> None:
     assert "celery" in (found["Keywords"] or "").split(",")
     # The contributors' tools are dependency groups, not extras users could install.
     assert set(found.get_all("Provides-Extra") or []) == {
-        "postgres", "redis", "sqs", "prometheus", "otel", "web", "django"}
+        "postgres", "redis", "mysql", "sqs", "prometheus", "otel", "web", "django"}
     changelog = (repo / "CHANGELOG.md").read_text()
     assert f"## {lease_celery.__version__} " in changelog
 

@@ -85,7 +85,7 @@ def test_defaults_and_task_attributes_override_settings(sqlite_url: str) -> None
     ({"lease_ttl": "30"}, r"lease_ttl .* must be a number of seconds, got str"),
     ({"lease_heartbeat_interval": 30}, r"lease_heartbeat_interval .* not shorter than lease_ttl"),
     ({"lease_heartbeat_interval": -1}, r"lease_heartbeat_interval"),
-    ({"lease_store_url": "mysql://x/y"}, r"lease_store_url .* unknown lease store URL scheme"),
+    ({"lease_store_url": "mongodb://x/y"}, r"lease_store_url .* unknown lease store URL scheme"),
     ({"lease_store_url": "sqlite://host/x.db"}, r"lease_store_url .* names a host"),
 ])
 def test_invalid_settings_are_refused_when_the_app_is_finalized(

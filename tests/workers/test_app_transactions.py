@@ -26,7 +26,7 @@ from tests.support.workers import WorkerPool
 APP_WRITE = "tests.support.worker_app.app_write"
 
 
-@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres", "mysql"], indirect=True)
 @pytest.mark.parametrize(("mode", "runs"), [("fenced", 2), ("transaction", 1)])
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_a_worker_dying_between_the_app_commit_and_the_return(

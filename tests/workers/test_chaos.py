@@ -23,6 +23,7 @@ from benchmarks.chaos.checker import CHECKS, check, deaths
 from benchmarks.chaos.config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK
 from benchmarks.chaos.history import BackendEntry, BrokerMessage, History, Published, Row
 from tests.support.servers import (
+    mysql_reachable,
     postgres_reachable,
     rabbitmq_reachable,
     redis_reachable,
@@ -391,17 +392,20 @@ RUN_TIMEOUT = 240
 @pytest.mark.serial  # its 2 s ttl: a second test process starving this one fails a lease
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 @pytest.mark.parametrize(("store", "broker"), [("sqlite", "sqs"), ("postgres", "redis"),
-                                               ("redis", "rabbitmq")])
+                                               ("redis", "rabbitmq"), ("mysql", "redis")])
 def test_a_short_chaos_run_passes(store: str, broker: str) -> None:
     """150 tasks, duplicates, every fault that applies to the store: the checker passes. Each
     store once, each on a broker of its own: SQS (moto's server, rows written at publish),
-    Redis (new work at priority 5, recovered work at 0, rows written at publish), RabbitMQ
-    (recovered work at its queue's top priority)."""
+    Redis (new work at priority 5, recovered work at 0, rows written at publish; PostgreSQL
+    and MySQL), RabbitMQ (recovered work at its queue's top priority)."""
     reachable, detail = redis_reachable()
     require("Redis", reachable, detail)
     if store == "postgres":
         reachable, detail = postgres_reachable()
         require("PostgreSQL", reachable, detail)
+    if store == "mysql":
+        reachable, detail = mysql_reachable()
+        require("MariaDB", reachable, detail)
     if broker == "rabbitmq":
         reachable, detail = rabbitmq_reachable()
         require("RabbitMQ", reachable, detail)

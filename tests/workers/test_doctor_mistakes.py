@@ -71,7 +71,7 @@ CRASHES: list[tuple[dict[str, Any], dict[str, Any], str, list[str]]] = [
     ({}, {"lease_heartbeat_interval": 45}, "settings.invalid",
      ["lease_heartbeat_interval", "task attribute mistakes.report.lease_heartbeat_interval",
       "fix:"]),
-    ({"lease_store_url": "mysql://127.0.0.1/leases"}, {}, "settings.invalid",
+    ({"lease_store_url": "mongodb://127.0.0.1/leases"}, {}, "settings.invalid",
      ["lease_store_url", "setting lease_store_url", "unknown lease store URL scheme", "fix:"]),
     ({"lease_retention": "7d"}, {}, "settings.invalid",
      ["lease_retention", "'7d'", "fix:"]),

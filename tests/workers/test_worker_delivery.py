@@ -36,7 +36,7 @@ def _job() -> str:
     return uuid.uuid4().hex[:10]
 
 
-@pytest.mark.parametrize("worker_store", ["postgres"], indirect=True)
+@pytest.mark.parametrize("worker_store", ["postgres", "mysql"], indirect=True)
 @pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
 def test_same_task_published_three_times_runs_once(workers: WorkerPool) -> None:
     """Three publishes of one task id while the first runs: the body runs once, the result
