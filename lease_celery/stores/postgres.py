@@ -167,12 +167,15 @@ class PostgresStore(Store):
                 connections.close()
 
     def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
-             if_resent: Callable[[_T], _T] | None = None) -> _T:
+             if_resent: Callable[[_T], _T] | None = None,
+             look_first: Callable[[psycopg.Connection[Any]], _T | None] | None = None) -> _T:
         """Run ``operation`` on a connection of its own; replace broken connections and retry.
 
         A statement that failed with a connection error may have committed before its reply
         was lost; its re-sent copy is then judged against the row the first one changed. When
-        that happened, ``if_resent`` gets the re-sent copy's result to correct it.
+        that happened, ``if_resent`` gets the re-sent copy's result to correct it, and
+        ``look_first`` is asked before the copy is sent: what it finds (not None) is the first
+        send's answer, and nothing is sent again.
         """
         started = time.perf_counter()
         waited = 0.0  # sleeps added up: bounded even where a test freezes the clocks
@@ -185,6 +188,10 @@ class PostgresStore(Store):
                 # generator context manager would cost each a few µs more.
                 conn = connections.take(self.reconnect_timeout)
                 try:
+                    found = look_first(conn) if maybe_sent and look_first is not None else None
+                    if found is not None:
+                        connections.give_back(conn)
+                        return found
                     result = operation(conn)
                 except BaseException as exc:
                     # A connection error closes the idle ones too: they most likely died with it.
@@ -230,8 +237,10 @@ class PostgresStore(Store):
             # Refused after a re-send: did the first send win? Its nonce would be on the row.
             return row or self._row("claimed_by", params)
 
+        # Asked before a re-send too: once the first send's lease has expired, the copy would
+        # take that row over (a second token, a takeover nobody made) instead of being refused.
         return self._run(lambda conn: _one(conn, self._q["claim"], params),
-                         if_resent=claimed_by)
+                         if_resent=claimed_by, look_first=self._claimed_by(params))
 
     def _finish_and_claim(self, finished: Lease, result: str, key: str, owner: str,
                           ttl: float, task: str | None) -> tuple[bool, Row | None]:
@@ -270,7 +279,16 @@ class PostgresStore(Store):
             row = _one(conn, self._q["claim_limited"], params)
             return None if row is None or row["verdict"] is None else row
 
-        return self._run(claim, if_resent=claimed_by)
+        def won_before(conn: psycopg.Connection[Any]) -> Row | None:
+            won = self._claimed_by(params)(conn)
+            return None if won is None else {**won, "verdict": "granted"}
+
+        return self._run(claim, if_resent=claimed_by, look_first=won_before)
+
+    def _claimed_by(self, params: dict[str, Any]
+                    ) -> Callable[[psycopg.Connection[Any]], Row | None]:
+        """Has this very claim call (its nonce) won already, its reply lost?"""
+        return lambda conn: _one(conn, self._q["claimed_by"], params)
 
     def _hand_on(self, group: str | None, grace: float, limit: int) -> list[Row]:
         return self._rows("hand_on", self._params(grp=group, grace=grace, limit=limit))

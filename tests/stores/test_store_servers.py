@@ -549,3 +549,23 @@ def test_postgres_libpq_options_with_spaces_reach_the_server(postgres_url: str) 
         assert store.claim("opts", owner="w", ttl=10) is not None
         with store._get_connections().connection(5.0) as conn:  # type: ignore[attr-defined]
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+def test_postgres_claim_resent_after_its_lease_expired_hands_out_one_token(
+    pg_proxy: tuple[str, ReplyDroppingProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim commits and its reply is lost; the re-send comes after the first send's
+    lease expired on the server's clock (a reconnect longer than the ttl; MySQL's chaos full
+    run met it with a server restart). The re-send must find its own nonce on the row and
+    answer that lease, not take over its own row: one call, one token, one history entry."""
+    import random
+
+    url, proxy = pg_proxy
+    with open_store(url) as store:
+        store.get("warm")  # schema made, connection open
+        monkeypatch.setattr(random, "uniform", lambda a, b: 1.0)  # reconnect after 1 s
+        proxy.drop_reply_to(b"INSERT INTO")
+        lease = store.claim("resent", owner="w", ttl=0.5)
+        assert proxy.dropped == 1, "the reply was not dropped"
+        assert lease is not None and lease.token == 1, lease
+        assert [e.event for e in store.history("resent")] == ["claimed"]
