@@ -1,0 +1,92 @@
+"""The end of ``chaos.job`` in the ``app-tx`` and ``enqueue-tx`` variants: the app row and the
+key's finish in one transaction of the app's own connection (``self.lease.transaction``).
+
+And the ``commit_exit`` fault: right after that transaction committed, while a ticket is
+armed, the pool process ``os._exit``\\ s: the key is done in the store, Celery has neither
+stored the result nor acked the message. The redelivery must be answered from the row (the
+body never runs again, no second app row).
+
+A connection the ``conn`` fault (or a restart) broke is replaced and the transaction run
+again, as an app would: its rows rolled back with it. A commit whose outcome is unknown is
+run again too; if it did commit, the retry's lock finds the key done and raises
+``LeaseLost``, and what the library makes of that is what the run checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from typing import Any
+
+from .appdb import AppDatabase
+from .calls import commit_known
+from .events import EventLog
+from .flags import Flags
+
+__all__ = ["complete_in_app"]
+
+#: Tries of the transaction on a broken connection before the body gives up (the failure is
+#: then the task's, and the checker's ``unexplained_dead`` judges it).
+ATTEMPTS = 40
+#: Seconds between tries: a PostgreSQL restart takes a second or two.
+PAUSE = 0.25
+
+_connection: Any = None  # this pool process's app connection, made on first use
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import psycopg
+    except ImportError:  # a SQLite-only install
+        return (sqlite3.OperationalError,)
+    return (sqlite3.OperationalError, psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def _connect(db: AppDatabase) -> Any:
+    global _connection
+    if _connection is None:
+        _connection = db.connect()
+    return _connection
+
+
+def _drop() -> None:
+    global _connection
+    conn, _connection = _connection, None
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def complete_in_app(task: Any, db: AppDatabase, job: str, result: dict[str, Any], *,
+                    events: EventLog, flags: Flags) -> dict[str, Any]:
+    """Insert the job's app row and complete the key with ``result`` in one transaction."""
+    lease, task_id = task.lease, task.request.id
+    errors = _driver_errors()
+    for attempt in range(1, ATTEMPTS + 1):
+        lease.check()  # a lease lost meanwhile: stop here, nothing of ours is committed
+        try:
+            conn = _connect(db)
+            with lease.transaction(conn) as tx:
+                db.insert_app_row(conn, job, lease.token, os.getpid(), task_id)
+                tx.complete(result)
+        except errors as exc:
+            commit_known(None)  # a finish accepted before the failure: its commit is unknown
+            _drop()
+            events.record("app_tx_retry", task_id=task_id, key=lease.key, token=lease.token,
+                          attempt=attempt, error=repr(exc)[:200])
+            if attempt == ATTEMPTS:
+                raise
+            time.sleep(PAUSE)
+            continue
+        except BaseException:
+            commit_known(None)
+            raise
+        commit_known(True)
+        break
+    events.record("app_row_committed", task_id=task_id, key=lease.key, token=lease.token)
+    if flags.take("commit_exit"):
+        events.record("fault", kind="commit_exit", key=lease.key, task_id=task_id)
+        os._exit(1)
+    return result
