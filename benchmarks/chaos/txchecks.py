@@ -128,11 +128,24 @@ def tx_counts(history: History) -> dict[str, Any]:
         "app transactions retried (broken connection)": sum(
             1 for e in history.events if e.get("event") == "app_tx_retry"),
     }
+    exits = [e for e in history.events
+             if e.get("event") == "fault" and e.get("kind") == "commit_exit"]
+    counts["bodies run again after a kill between commit and ack"] = sum(
+        1 for e in history.events for fault in exits
+        if e.get("event") == "body_start" and e.get("key") == fault.get("key")
+        and float(e.get("t", 0.0)) > float(fault.get("t", 0.0)))
     if history.variant == "enqueue-tx":
         seen = Counter(str(e.get("outcome")).split(":")[0] for e in history.events
                        if e.get("event") == "order")
         counts["orders (committed in the database / rolled back / failed)"] = (
             f"{len(history.orders)} / {seen['rolled_back']} / {seen['failed']}")
+        swept = {str(e.get("key")) for e in history.events if e.get("event") == "lease_swept"}
+        died = [job_key(str(e.get("job"))) for e in history.events
+                if e.get("event") == "fault" and e.get("kind") == "publisher_exit"]
+        counts["publishers killed after commit: jobs published by the sweeper / done"] = (
+            f"{sum(key in swept for key in died)} / "
+            f"{sum(getattr(history.rows.get(key), 'state', None) == 'done' for key in died)} "
+            f"of {len(died)}")
         counts["messages purged"] = sum(int(e.get("purged") or 0) for e in history.events
                                         if e.get("event") == "fault_end"
                                         and e.get("kind") == "purge")
