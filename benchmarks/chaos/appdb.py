@@ -8,7 +8,9 @@ variants): the same SQLite file, the same PostgreSQL schema.
 
 Workers reach PostgreSQL as they reach the store, through the run's proxy and under its
 ``application_name``, so the ``conn`` fault kills the app's connections too and ``slow``
-delays them. The harness and the publishers connect directly.
+delays them. The harness and the publishers connect directly. Each side uses both kinds of
+connection the lease writes through: the driver's own (``sqlite3``, psycopg 3) and
+SQLAlchemy's (a ``Connection`` in the bodies, a ``Session`` in the publishers).
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ class AppDatabase:
         return psycopg.connect(self.target, connect_timeout=5,
                                application_name=self.application_name or "chaos")
 
+    def engine(self) -> Any:
+        """A SQLAlchemy engine on the same database (no pool: a broken connection is dropped
+        with the ``Connection`` that had it)."""
+        import sqlalchemy
+
+        if self.dialect == "sqlite":
+            return sqlalchemy.create_engine(f"sqlite:///{self.target}",
+                                            poolclass=sqlalchemy.NullPool,
+                                            connect_args={"timeout": 30})
+        return sqlalchemy.create_engine(
+            "postgresql+psycopg://" + self.target.removeprefix("postgresql://"),
+            poolclass=sqlalchemy.NullPool,
+            connect_args={"connect_timeout": 5,
+                          "application_name": self.application_name or "chaos"})
+
     def create_tables(self) -> None:
         """Made by the harness once the store made its schema (before any worker starts)."""
         conn = self.connect()
@@ -77,13 +94,13 @@ class AppDatabase:
             conn.close()
 
     def insert_app_row(self, conn: Any, job: str, token: int, pid: int, task_id: str) -> None:
-        conn.execute(f"INSERT INTO {self.table(APP_ROWS)} (job, token, pid, task_id) "
-                     f"VALUES ({self.mark}, {self.mark}, {self.mark}, {self.mark})",
-                     (job, token, pid, task_id))
+        _write(conn, f"INSERT INTO {self.table(APP_ROWS)} (job, token, pid, task_id) "
+               f"VALUES ({self.mark}, {self.mark}, {self.mark}, {self.mark})",
+               (job, token, pid, task_id))
 
     def insert_order(self, conn: Any, job: str, task_id: str) -> None:
-        conn.execute(f"INSERT INTO {self.table(ORDERS)} (job, task_id) "
-                     f"VALUES ({self.mark}, {self.mark})", (job, task_id))
+        _write(conn, f"INSERT INTO {self.table(ORDERS)} (job, task_id) "
+               f"VALUES ({self.mark}, {self.mark})", (job, task_id))
 
     def read(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
         """Every committed app row (job -> rows) and order (job -> task id)."""
@@ -100,3 +117,13 @@ class AppDatabase:
         finally:
             conn.close()
         return rows, orders
+
+
+def _write(conn: Any, sql: str, params: tuple[Any, ...]) -> None:
+    """One statement in ``conn``'s open transaction, whatever kind of connection it is."""
+    if hasattr(conn, "get_bind"):  # a SQLAlchemy Session: its connection, its transaction
+        conn.connection().exec_driver_sql(sql, params)
+    elif hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
+        conn.exec_driver_sql(sql, params)
+    else:
+        conn.execute(sql, params)

@@ -158,8 +158,8 @@ def client_app(config: ChaosConfig) -> Any:
 
 def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerSandbox, *,
            timeout: float) -> list[str]:
-    """Wait until every key is done/dead, nothing is queued and the log is quiet; return the
-    keys still open when the deadline passed or the run stalled."""
+    """Wait until every key is done/dead and settled, nothing is queued and the log is quiet;
+    return the keys still open when the deadline passed or the run stalled."""
     from lease_celery import LeaseState, open_store
 
     deadline = time.monotonic() + timeout
@@ -167,9 +167,12 @@ def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerS
     with open_store(store_url) as store:
         while True:
             now = time.monotonic()
-            running = [r.key for state in (LeaseState.READY, LeaseState.RUNNING)
-                       for r in store.find(state=state, limit=1_000_000)]
-            jobs = {r.key: r.state for r in store.find(prefix="job:", limit=1_000_000)}
+            rows = store.find(limit=1_000_000)
+            # A row still settling is not over: its outcome is not in the result backend yet
+            # (its owner died after the finish, and a sweep's re-publish is to complete it).
+            running = [r.key for r in rows
+                       if r.state in (LeaseState.READY, LeaseState.RUNNING) or r.settling]
+            jobs = {r.key: r.state for r in rows if r.key.startswith("job:")}
             unsettled = {k for k in job_keys if jobs.get(k) not in (LeaseState.DONE,
                                                                     LeaseState.DEAD)}
             open_keys = sorted(unsettled | set(running))

@@ -3,13 +3,16 @@ own transactions, and roll back about half of them.
 
 Each order is one transaction on the app's connection to the store's database: an order row
 (``chaos_orders``) and ``apply_async(..., lease_transaction=conn)`` (the key's row, the message
-held). Then, as the plan says:
+held). Then, as the plan says, one of three ways (``Order.how``):
 
-- commit with ``lease_celery.transaction(conn)`` (it commits, then publishes), or
-- commit by hand and ``lease_celery.publish_committed(conn)``; the ``publisher`` fault's
-  ticket makes the process exit between the two (the sweeper must publish from the row);
-- roll back: by an exception inside ``lease_celery.transaction(conn)``, or by hand followed by
-  ``publish_committed(conn)`` (which must drop what the rollback took with it).
+- ``transaction``: ``lease_celery.transaction(conn)`` commits, then publishes; an exception
+  inside it rolls back;
+- ``by_hand``: ``conn.commit()`` then ``lease_celery.publish_committed(conn)``, and the
+  ``publisher`` fault's ticket makes the process exit between the two (the sweeper must
+  publish from the row); or ``conn.rollback()`` then ``publish_committed(conn)``, which must
+  drop what the rollback took with it;
+- ``session``: a SQLAlchemy ``Session`` (``with session.begin():``), which publishes on its
+  own commit; ``session.rollback()`` inside the block rolls back.
 
 A process killed by its ticket is started again with the orders it had not begun
 (:class:`TxPublishers`, in the harness). What committed is read from the database at the end
@@ -40,6 +43,8 @@ __all__ = ["Order", "TxPublishers", "main", "plan_orders"]
 
 #: The exit status of a publisher that took a ``publisher_exit`` ticket (restarted).
 EXIT_FAULT = 3
+#: The ways an order's transaction ends (see the module's docstring).
+HOW = ("transaction", "by_hand", "session")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Order:
     task_id: str
     sleep_ms: int
     commit: bool
-    by_hand: bool  # commit/rollback on the connection, then publish_committed
+    how: str  # "transaction" | "by_hand" | "session"
 
 
 def plan_orders(tasks: int, seconds: float, rng: random.Random, *,
@@ -57,7 +62,7 @@ def plan_orders(tasks: int, seconds: float, rng: random.Random, *,
     return [Order(at=seconds * n / max(tasks, 1), job=f"j{n:05d}",
                   task_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
                   sleep_ms=rng.randint(0, 300), commit=rng.random() >= rollback,
-                  by_hand=rng.random() < 0.5)
+                  how=rng.choice(HOW))
             for n in range(tasks)]
 
 
@@ -84,32 +89,40 @@ def main() -> int:
     client = client_app(config)
     client.conf.lease_store_url = store_url
     task = recording_task(client)
-    conn = None
+    conn = session = None
     for order in orders:
         time.sleep(max(0.0, start + order.at - time.time()))
         try:
             os.kill(config.harness_pid, 0)
         except ProcessLookupError:
             return 1  # the harness is gone: no orphans
-
         if conn is None:
             conn = db.connect()
+        if session is None:
+            from sqlalchemy.orm import Session
+
+            session = Session(db.engine())
         outcome = "committed" if order.commit else "rolled_back"
+        args = (order.job, order.sleep_ms)
         try:
-            if not order.by_hand:
+            if order.how == "session":
+                with session.begin():
+                    db.insert_order(session, order.job, order.task_id)
+                    task.apply_async(args, task_id=order.task_id, lease_transaction=session)
+                    if not order.commit:
+                        session.rollback()
+            elif order.how == "transaction":
                 try:
                     with lease_celery.transaction(conn):
                         db.insert_order(conn, order.job, order.task_id)
-                        task.apply_async((order.job, order.sleep_ms), task_id=order.task_id,
-                                         lease_transaction=conn)
+                        task.apply_async(args, task_id=order.task_id, lease_transaction=conn)
                         if not order.commit:
                             raise _Rollback()
                 except _Rollback:
                     pass
             else:
                 db.insert_order(conn, order.job, order.task_id)
-                task.apply_async((order.job, order.sleep_ms), task_id=order.task_id,
-                                 lease_transaction=conn)
+                task.apply_async(args, task_id=order.task_id, lease_transaction=conn)
                 (conn.commit if order.commit else conn.rollback)()
                 if order.commit and flags.take("publisher_exit"):
                     events.record("order", slot=slot, job=order.job, task_id=order.task_id,
@@ -121,7 +134,8 @@ def main() -> int:
         except Exception as exc:  # a broken connection: the database says what committed
             outcome = f"failed: {exc!r}"[:300]
             conn.close()
-            conn = None
+            session.close()
+            conn = session = None
         events.record("order", slot=slot, job=order.job, task_id=order.task_id,
                       outcome=outcome)
     return 0

@@ -20,6 +20,7 @@ import pytest
 
 from benchmarks.chaos.checker import check
 from benchmarks.chaos.config import JOB_TASK
+from benchmarks.chaos.faults import parse_faults
 from benchmarks.chaos.history import History, Row
 from benchmarks.chaos.txchecks import TX_CHECKS
 from tests.support.servers import postgres_reachable, redis_reachable, require
@@ -122,6 +123,19 @@ def test_a_plain_run_is_not_judged_by_the_app_tables() -> None:
     report = check(clean_history())
     assert report.passed, report.violations
     assert "app_rows" not in report.counts
+
+
+def test_a_variants_all_holds_its_own_faults() -> None:
+    """``all`` takes each variant's own faults along (and leaves the server faults out on
+    SQLite); a variant's fault named in another variant is unknown there."""
+    kinds, _ = parse_faults("all", "sqlite", "enqueue-tx")
+    assert {"commit", "publisher", "purge", "kill"} <= set(kinds)
+    assert "conn" not in kinds
+    assert "commit" in parse_faults("all", "postgres", "app-tx")[0]
+    assert "publisher" not in parse_faults("all", "postgres", "app-tx")[0]
+    with pytest.raises(ValueError, match="purge"):
+        parse_faults("kill,purge", "postgres", "app-tx")
+    assert "commit" not in parse_faults("all", "postgres")[0]
 
 
 # -- the runs ----------------------------------------------------------------------------------
