@@ -54,6 +54,8 @@ __all__ = ["RunOptions", "main", "run"]
 STALL = 20.0
 #: Seconds of quiet (no new event) that end a settled run: callbacks and deferred copies done.
 QUIET = 3.0
+#: Seconds between the lines a settle that takes long prints on what it still waits for.
+SAY_EVERY = 10.0
 #: Publisher processes of the enqueue-tx variant.
 PUBLISHERS = 2
 
@@ -164,6 +166,7 @@ def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerS
 
     deadline = time.monotonic() + timeout
     length, changed = -1, time.monotonic()
+    said = changed
     with open_store(store_url) as store:
         while True:
             now = time.monotonic()
@@ -181,6 +184,10 @@ def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerS
                 length, changed = events.length(), now
             if not open_keys and not queued and now - changed >= QUIET:
                 return []
+            if now - said >= SAY_EVERY:  # a slow settle says what it waits for
+                said = now
+                _log(f"waiting for {len(open_keys)} keys ({', '.join(open_keys[:5])}"
+                     f"{' …' if len(open_keys) > 5 else ''}), {queued} messages queued")
             if now > deadline or (not queued and now - changed >= STALL):
                 return open_keys
             time.sleep(1.0)
