@@ -4,7 +4,9 @@ Configured from the environment the harness sets (:mod:`benchmarks.chaos.config`
 under test is ``chaos.job``: a LeasedTask keyed ``job:{job}`` that sleeps a little in slices
 checking its lease, then sends ONE outside effect to the receiver through ``self.effect`` and
 returns a small JSON result carrying its lease token. Its ``link`` callbacks are a LeasedTask
-keyed by its own task id (``chaos.on_done``) and a plain task (``chaos.on_done_plain``). What
+keyed by its own task id (``chaos.on_done``) and a plain task (``chaos.on_done_plain``). In the
+transactional variants (``app-tx``, ``enqueue-tx``) the body then inserts an app row and
+completes the key in one transaction of the app's own connection (:mod:`.apptx`). What
 happens is recorded in the event log by the tasks and by :mod:`benchmarks.chaos.hooks`.
 """
 
@@ -20,7 +22,16 @@ from celery import Celery
 from lease_celery import LeasedTask
 
 from . import hooks, receiver
-from .config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK, ChaosConfig, effect_key
+from .appdb import AppDatabase
+from .apptx import complete_in_app
+from .config import (
+    CALLBACK_TASK,
+    JOB_TASK,
+    PLAIN_CALLBACK_TASK,
+    TX_VARIANTS,
+    ChaosConfig,
+    effect_key,
+)
 from .events import EventLog
 from .flags import Flags
 
@@ -32,6 +43,8 @@ CHECK_SLICE = 0.05
 config = ChaosConfig.from_env(os.environ)
 events = EventLog(config.backend_url, config.events_key)
 flags = Flags(Path(config.flags_dir))
+#: The app's own tables (the transactional variants), in the store's database.
+app_db = AppDatabase.of(config.store_url) if config.variant in TX_VARIANTS else None
 
 app = Celery("chaos")
 app.conf.update(config.celery_conf())
@@ -75,7 +88,11 @@ def job(self: LeasedTask, job: str, sleep_ms: int) -> dict[str, Any]:
     # lease: exactly the seam where a local LeaseLost must not lose the key.)
     lease.check()
     events.record("body_end", task=JOB_TASK, task_id=task_id, key=lease.key, token=token)
-    return {"job": job, "token": token, "pid": os.getpid(), "receipt": sent.get("id")}
+    result = {"job": job, "token": token, "pid": os.getpid(), "receipt": sent.get("id")}
+    if app_db is not None:
+        # The app row and the finish commit together (the variant's point).
+        return complete_in_app(self, app_db, job, result, events=events, flags=flags)
+    return result
 
 
 @app.task(base=LeasedTask, bind=True, name=CALLBACK_TASK)  # type: ignore[untyped-decorator]

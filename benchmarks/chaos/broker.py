@@ -77,6 +77,23 @@ class BrokerSandbox:
                    client.scan_iter(match=f"{self.keyprefix}{self.queue}*", count=1000)
                    if client.type(key) in (b"list", "list"))
 
+    def purge(self) -> int:
+        """Delete every message ready in the run's queue (each priority list), not those a
+        worker holds; how many went. Redis only: the ``purge`` fault."""
+        if self.kind != "redis":
+            raise ValueError(f"purge is a fault of the Redis broker, not of {self.kind}")
+        client = redis_client(BROKER_DB)
+        purged = 0
+        for key in client.scan_iter(match=f"{self.keyprefix}{self.queue}*", count=1000):
+            if client.type(key) in (b"list", "list"):
+                # LLEN then DEL in one transaction: the count is what the delete removed.
+                with client.pipeline() as pipe:
+                    pipe.llen(key)
+                    pipe.delete(key)
+                    length, _ = pipe.execute()
+                purged += int(length)
+        return purged
+
     def messages(self) -> list[BrokerMessage]:
         """Task messages the broker still holds once every worker has stopped."""
         if self.kind == "sqs":

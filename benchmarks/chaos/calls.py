@@ -11,6 +11,7 @@ store decided lies between them.
 from __future__ import annotations
 
 import functools
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from lease_celery.stores.base import Store
 
 from .events import EventLog
 
-__all__ = ["record_store_calls"]
+__all__ = ["commit_known", "record_store_calls"]
 
 Split = Callable[[tuple[Any, ...], dict[str, Any]], list[dict[str, Any]]]
 Answers = Callable[[Any], list[Any]]
@@ -72,6 +73,52 @@ def record_store_calls(events: EventLog) -> None:
         if getattr(original, "_chaos_recorded", False):
             continue
         setattr(Store, name, _recorded(original, split, answers, events))
+    if not getattr(Store.finish_in, "_chaos_recorded", False):
+        Store.finish_in = _recorded_finish_in(Store.finish_in, events)  # type: ignore[method-assign]
+
+
+#: The finish written in the app's transaction whose commit is not known yet, per thread.
+_uncommitted = threading.local()
+
+
+def _recorded_finish_in(original: Callable[..., Any], events: EventLog) -> Callable[..., Any]:
+    """``finish_in`` as the model's ``finish``: it takes effect when the app's transaction
+    commits, so an accepted one completes only once the body knows the commit
+    (:func:`commit_known`); a refused one rolls back, so its answer is known at once."""
+
+    @functools.wraps(original)
+    def finish_in(self: Store, conn: Any, lease: Lease, *args: Any, **kwargs: Any) -> Any:
+        call_id = uuid.uuid4().hex
+        events.record("store_call", phase="invoke", call=call_id,
+                      **_lease(lease, "finish", settle_within=kwargs.get("settle_within")))
+        try:
+            accepted = original(self, conn, lease, *args, **kwargs)
+        except Exception as exc:
+            events.record("store_call", phase="complete", call=call_id,
+                          error=type(exc).__name__)
+            raise
+        if accepted:
+            _uncommitted.call = (events, call_id)
+        else:
+            events.record("store_call", phase="complete", call=call_id, answer=False)
+        return accepted
+
+    finish_in._chaos_recorded = True  # type: ignore[attr-defined]
+    return finish_in
+
+
+def commit_known(committed: bool | None) -> None:
+    """Complete this thread's pending ``finish_in`` call: True, the transaction committed;
+    None, its commit failed with an unknown outcome. Nothing pending: nothing to say."""
+    pending = getattr(_uncommitted, "call", None)
+    _uncommitted.call = None
+    if pending is None:
+        return
+    events, call_id = pending
+    if committed:
+        events.record("store_call", phase="complete", call=call_id, answer=True)
+    else:
+        events.record("store_call", phase="complete", call=call_id, error="CommitUnknown")
 
 
 def _recorded(original: Callable[..., Any], split: Split, answers: Answers,

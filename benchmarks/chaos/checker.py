@@ -41,6 +41,9 @@ The checks (each is a promise of README.md / DESIGN.md §1, §6):
     for at least one of its task ids, and no FAILURE; a ``dead`` row has a FAILURE and no
     SUCCESS (an alias id may stay PENDING: its delivery was dropped as a duplicate).
 
+And, in the transactional variants, the app's own tables (``txchecks.py``): ``app_rows``,
+``stale_app_row``, ``rolled_back_ran``, ``order_mismatch``.
+
 Dead keys (by policy, or because an effect needs reconciliation) are honest outcomes: counted,
 never failed. Body runs are at-least-once by design (a worker killed after its body ran re-runs
 it), so the checks count *accepted* outcomes, not body runs.
@@ -55,11 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import CALLBACK_TASK, JOB_TASK, effect_key
+from .config import CALLBACK_TASK, JOB_TASK, TX_VARIANTS, effect_key
 from .events import Event
 from .history import History, Row
 from .judge import unexplained_dead, unexplained_history
 from .tally import tally
+from .txchecks import TX_CHECKS, tx_counts, tx_violations
 
 __all__ = ["CHECKS", "Report", "Violation", "check", "main"]
 
@@ -75,6 +79,7 @@ CHECKS = {
     "backend_mismatch": "the result backend contradicts the lease row",
     "unexplained_history": "store answers no order of the calls explains (the model's judge)",
     "unexplained_dead": "a key dead for a reason the faults do not explain",
+    **TX_CHECKS,
 }
 TERMINAL = ("done", "dead")
 #: What a store that lost its data (a Redis restarted without persistence) causes by itself:
@@ -123,6 +128,7 @@ def check(history: History) -> Report:
     report.violations += _backend_mismatch(history)
     report.violations += [Violation(*found) for found in unexplained_history(history)]
     report.violations += [Violation(*found) for found in unexplained_dead(history)]
+    report.violations += [Violation(*found) for found in tx_violations(history)]
     refusals = epoch_refusals(history)
     after_loss = [v for v in report.violations if refusals and v.check in FOLLOW_FROM_LOSS]
     if after_loss:
@@ -135,9 +141,12 @@ def check(history: History) -> Report:
             + " follow from the loss and do not fail the run; the checks a loss must not "
             "lead to (a result accepted twice, an effect sent twice, ...) still do")
     failed = report.failed_checks()
-    report.counts = tally(history, {name: failed.get(name, 0) for name in CHECKS},
+    judged = [name for name in CHECKS
+              if name not in TX_CHECKS or history.variant in TX_VARIANTS]
+    report.counts = tally(history, {name: failed.get(name, 0) for name in judged},
                           held=len(broker.held), vanished=len(broker.vanished))
     report.counts["epoch refusals (StoreDataLost)"] = refusals
+    report.counts.update(tx_counts(history))
     return report
 
 
@@ -312,6 +321,8 @@ def _callback_double_run(history: History) -> list[Violation]:
 
 
 def _callback_lost(history: History, broker: BrokerOutcomes) -> list[Violation]:
+    if not history.linked:
+        return []  # published without callbacks
     callbacks: dict[str, set[str]] = defaultdict(set)  # parent id -> callback ids seen
     for event in history.events:
         if event.get("task") == CALLBACK_TASK and _parent(event):
@@ -361,7 +372,7 @@ def deaths(history: History) -> dict[int, float]:
         elif event.get("event") == "fault" and kind == "sweep_kill":
             group = int(event.get("group") or event["pid"])
             dead({group, *children[group]}, t)
-        elif event.get("event") == "fault" and kind == "finish_exit":
+        elif event.get("event") == "fault" and kind in ("finish_exit", "commit_exit"):
             dead([int(event["pid"])], t)
         elif event.get("event") == "worker_exit":
             main = int(event["main_pid"])

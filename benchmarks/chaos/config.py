@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CALLBACK_TASK", "JOB_TASK", "PLAIN_CALLBACK_TASK", "ChaosConfig", "effect_key",
-           "job_key"]
+__all__ = ["CALLBACK_TASK", "JOB_TASK", "PLAIN_CALLBACK_TASK", "TX_VARIANTS", "VARIANTS",
+           "ChaosConfig", "effect_key", "job_key"]
 
 #: The LeasedTask under test: sleeps, sends one effect, returns its token.
 JOB_TASK = "chaos.job"
@@ -23,6 +23,14 @@ JOB_TASK = "chaos.job"
 CALLBACK_TASK = "chaos.on_done"
 #: Its second ``link`` callback, a plain Celery task (at-least-once, no lease).
 PLAIN_CALLBACK_TASK = "chaos.on_done_plain"
+
+#: What a run's jobs do. ``plain``: one outside effect, the finish after the body.
+#: ``app-tx``: the effect, then an app row and the finish in one transaction of the app's
+#: connection (``self.lease.transaction``). ``enqueue-tx``: the app-tx body, published by
+#: processes that enqueue inside their own transactions (``lease_transaction=conn``).
+VARIANTS = ("plain", "app-tx", "enqueue-tx")
+#: The variants whose bodies complete in the app's transaction (an app row per done key).
+TX_VARIANTS = ("app-tx", "enqueue-tx")
 
 _PREFIX = "CHAOS_"
 
@@ -61,6 +69,7 @@ class ChaosConfig:
     visibility_timeout: float = 3600.0
     max_attempts: int = 10
     max_takeovers: int = 5
+    variant: str = "plain"  # one of VARIANTS
     #: Further Celery / lease_* settings for the workers' app (``--conf name=value``).
     extra_conf: dict[str, Any] = field(default_factory=dict)
 

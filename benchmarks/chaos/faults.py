@@ -16,6 +16,12 @@
   PostgreSQL (``pg_ctlcluster ... restart -m fast``), the machine's MariaDB (``mariadb-admin
   shutdown``, then started as ``.ci/run`` starts it), or the run's own redis-server, down for
   0.25–1 × ttl (two restarts in three) or 1.5–2.5 × ttl (longer than a delivery waits) |
+| ``commit`` | (``app-tx``, ``enqueue-tx``) arm tickets: a pool child exits right after its
+  app transaction committed the key's finish, before Celery stores the result or acks |
+| ``publisher`` | (``enqueue-tx``) arm tickets: a publisher process exits right after its
+  transaction committed, before it publishes the message (the sweeper publishes from the row) |
+| ``purge`` | (``enqueue-tx``) stop the worker main processes (the consumers) for 1.5 s, then
+  purge the broker's queue (Redis) and continue them: the rows bring the work back |
 
 Counts are bounded (they grow with the window, up to a cap) and every fault lies inside the
 window; stopped processes are always continued and slow replies switched off, also when the run
@@ -41,33 +47,43 @@ from .flags import Flags
 from .sandbox import StoreSandbox
 from .workers import Worker, WorkerPool, pool_children
 
-__all__ = ["FAULTS", "FaultInjector", "PlannedFault", "parse_faults", "plan_faults"]
+__all__ = ["FAULTS", "VARIANT_FAULTS", "FaultInjector", "PlannedFault", "parse_faults",
+           "plan_faults"]
 
 FAULTS = ("kill", "stop", "conn", "slow", "sweep", "finish", "hold")
 #: Faults that ``all`` leaves out: each must be named (``--faults all,store-restart``).
 #: ``store-restart`` on PostgreSQL restarts the machine's cluster, ending every other session
 #: on it (another test run's too).
 OPT_IN = ("store-restart",)
+#: Faults of a variant's own seams, in its ``all``.
+VARIANT_FAULTS = {"plain": (), "app-tx": ("commit",),
+                  "enqueue-tx": ("commit", "publisher", "purge")}
 #: Faults that need a connection to a server (a SQLite store is a file).
 SERVER_FAULTS = ("conn", "slow", "store-restart")
 #: Probability that an accepted finish takes an armed ``finish_exit`` (or ``finish_hold``)
 #: ticket.
 FINISH_EXIT_PROBABILITY = 0.15
+#: Probability that a publisher's commit takes an armed ``publisher_exit`` ticket.
+PUBLISHER_EXIT_PROBABILITY = 0.25
+#: Seconds the worker main processes stop consuming before the queue is purged.
+PURGE_PAUSE = 1.5
 
 
-def parse_faults(text: str, store: str) -> tuple[list[str], list[str]]:
+def parse_faults(text: str, store: str,
+                 variant: str = "plain") -> tuple[list[str], list[str]]:
     """``all``, ``none`` or a comma list (which may hold ``all``: ``all,store-restart``) →
-    (enabled faults, notes on the ones skipped)."""
+    (enabled faults, notes on the ones skipped). ``all`` holds the variant's own faults."""
+    own = VARIANT_FAULTS[variant]
     parts = [part.strip() for part in text.strip().lower().split(",") if part.strip()]
     wanted: list[str] = []
     for part in parts:
-        for name in FAULTS if part == "all" else [] if part == "none" else [part]:
+        for name in FAULTS + own if part == "all" else [] if part == "none" else [part]:
             if name not in wanted:
                 wanted.append(name)
-    unknown = [name for name in wanted if name not in FAULTS + OPT_IN]
+    unknown = [name for name in wanted if name not in FAULTS + OPT_IN + own]
     if unknown:
-        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(FAULTS + OPT_IN)}")
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)} for the {variant} variant; "
+                         f"known: {', '.join(FAULTS + OPT_IN + own)}")
     skipped = []
     if store == "sqlite":
         for name in SERVER_FAULTS:
@@ -115,6 +131,13 @@ def plan_faults(kinds: list[str], window: float, rng: random.Random) -> list[Pla
         plan.append(PlannedFault(0.1 * window, "finish"))
     if "hold" in kinds:
         plan.append(PlannedFault(0.2 * window, "hold"))
+    if "commit" in kinds:
+        plan.append(PlannedFault(0.15 * window, "commit"))
+    if "publisher" in kinds:
+        plan.append(PlannedFault(0.1 * window, "publisher"))
+    if "purge" in kinds:
+        # Twice, at a third and two thirds: each while publishers and workers are busy.
+        plan += [PlannedFault(window / 3, "purge"), PlannedFault(2 * window / 3, "purge")]
     return sorted(plan, key=lambda f: f.at)
 
 
@@ -124,8 +147,9 @@ class FaultInjector:
 
     def __init__(self, plan: list[PlannedFault], *, window: float, pool: WorkerPool,
                  sandbox: StoreSandbox, flags: Flags, events: EventLog, rng: random.Random,
-                 ttl: float, finish_tickets: int) -> None:
+                 ttl: float, finish_tickets: int, broker: Any = None) -> None:
         self.plan, self.window = plan, window
+        self.broker = broker  # the run's BrokerSandbox (``purge``)
         self.pool, self.sandbox, self.flags, self.events = pool, sandbox, flags, events
         self.rng, self.ttl, self.finish_tickets = rng, ttl, finish_tickets
         self.errors: list[str] = []
@@ -345,8 +369,46 @@ class FaultInjector:
         self.events.record("fault_armed", kind="finish_hold", tickets=self.finish_tickets,
                            probability=FINISH_EXIT_PROBABILITY)
 
+    def _inject_commit(self) -> None:
+        self.flags.arm("commit_exit", count=self.finish_tickets,
+                       probability=FINISH_EXIT_PROBABILITY)
+        self.events.record("fault_armed", kind="commit_exit", tickets=self.finish_tickets,
+                           probability=FINISH_EXIT_PROBABILITY)
+
+    def _inject_publisher(self) -> None:
+        self.flags.arm("publisher_exit", count=self.finish_tickets,
+                       probability=PUBLISHER_EXIT_PROBABILITY)
+        self.events.record("fault_armed", kind="publisher_exit", tickets=self.finish_tickets,
+                           probability=PUBLISHER_EXIT_PROBABILITY)
+
+    def _inject_purge(self) -> None:
+        # Idle workers wait in BRPOP, and Redis hands a pushed message straight to one: the
+        # list only holds messages nobody is waiting for. So the worker main processes (the
+        # consumers; the pool children go on, heartbeats too) pause for a while shorter than
+        # a ttl, the queue fills with what is published meanwhile, and that is purged.
+        mains = [worker.pid for worker in self.pool.live()]
+        self.events.record("fault", kind="purge", source="harness", paused=mains,
+                           seconds=PURGE_PAUSE)
+        for pid in mains:
+            self._stopped.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+        def purge() -> None:
+            try:
+                purged = self.broker.purge()
+            finally:
+                for pid in mains:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                    self._stopped.discard(pid)
+            self.events.record("fault_end", kind="purge", purged=purged)
+
+        self._later(time.monotonic() + PURGE_PAUSE, "purge", purge)
+
     def _disarm(self) -> None:
-        for kind in ("sweep_kill", "finish_exit", "finish_hold"):
+        for kind in ("sweep_kill", "finish_exit", "finish_hold", "commit_exit",
+                     "publisher_exit"):
             left = self.flags.disarm(kind)
             if left:
                 self.events.record("fault_disarmed", kind=kind, tickets_left=left)

@@ -9,7 +9,8 @@ Four independent witnesses, each read from where it lives:
 - the event log (what the worker processes and the harness saw, in order);
 
 plus what the broker still holds (the queue, and the unacked messages of workers that died),
-so a key that was never claimed can be told apart from a key the library dropped.
+so a key that was never claimed can be told apart from a key the library dropped; and, in the
+transactional variants, a fifth: the app's own tables (its rows and orders, ``appdb.py``).
 
 :class:`History` is plain data (JSON in ``history.json`` of the run directory), so the checker
 can be run again on it: ``python -m benchmarks.chaos.checker history.json``.
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .appdb import AppDatabase
 from .config import CALLBACK_TASK, effect_key
 from .events import Event
 
@@ -48,6 +50,7 @@ class Row:
     reason: str | None = None
     attempts: int = 0
     takeovers: int = 0
+    result: Any = None  # the accepted result the row keeps (done)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,14 @@ class History:
     broker: list[BrokerMessage]
     notes: list[str] = field(default_factory=list)
     wall_time: float = 0.0
+    variant: str = "plain"
+    #: Were the jobs published with their ``link`` callbacks? (Not in ``enqueue-tx``, whose
+    #: purged queue would take callbacks along that no row brings back.)
+    linked: bool = True
+    #: The app's committed rows, job -> [{token, pid, task_id}] (transactional variants).
+    app_rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The committed orders, job -> task id (``enqueue-tx``).
+    orders: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str, indent=1, sort_keys=True)
@@ -93,7 +104,9 @@ class History:
             backend={k: BackendEntry(**b) for k, b in data["backend"].items()},
             events=data["events"], received=data["received"],
             broker=[BrokerMessage(**m) for m in data["broker"]],
-            notes=data.get("notes", []), wall_time=data.get("wall_time", 0.0))
+            notes=data.get("notes", []), wall_time=data.get("wall_time", 0.0),
+            variant=data.get("variant", "plain"), linked=data.get("linked", True),
+            app_rows=data.get("app_rows", {}), orders=data.get("orders", {}))
 
     def save(self, path: Path) -> None:
         path.write_text(self.to_json())
@@ -124,7 +137,8 @@ def read_store(url: str, published: list[Published]) -> tuple[dict[str, Row], di
 def _row(record: Any) -> Row:
     return Row(key=record.key, state=str(record.state.value), token=int(record.token),
                owner=record.owner, reason=record.reason, attempts=int(record.attempts),
-               takeovers=int(getattr(record, "takeovers", 0)))
+               takeovers=int(getattr(record, "takeovers", 0)),
+               result=record.result if record.state.value == "done" else None)
 
 
 def read_backend(client: Any, task_ids: list[str]) -> dict[str, BackendEntry]:
@@ -148,10 +162,14 @@ def callback_ids(events: list[Event]) -> list[str]:
 
 def collect(*, store: str, ttl: float, store_url: str, client: Any,
             broker: list[BrokerMessage], published: list[Published], events: list[Event],
-            received: list[dict[str, Any]], notes: list[str], wall_time: float) -> History:
+            received: list[dict[str, Any]], notes: list[str], wall_time: float,
+            variant: str = "plain", linked: bool = True, app: AppDatabase | None = None
+            ) -> History:
     rows, receipts = read_store(store_url, published)
     ids = sorted({p.task_id for p in published} | set(callback_ids(events)))
+    app_rows, orders = app.read() if app is not None else ({}, {})
     return History(store=store, ttl=ttl, published=published, rows=rows, receipts=receipts,
                    backend=read_backend(client, ids), events=events, received=received,
                    broker=broker, notes=notes,
-                   wall_time=wall_time)
+                   wall_time=wall_time, variant=variant, linked=linked, app_rows=app_rows,
+                   orders=orders)

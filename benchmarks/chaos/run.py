@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .appdb import AppDatabase
 from .broker import BROKERS, BrokerSandbox, backend_url
 from .checker import Report, check
-from .config import ChaosConfig
+from .config import TX_VARIANTS, VARIANTS, ChaosConfig, job_key
 from .events import EventLog
 from .faults import FAULTS, OPT_IN, FaultInjector, parse_faults, plan_faults
 from .flags import Flags
@@ -45,6 +46,7 @@ from .sandbox import (
     store_sandbox,
 )
 from .storeserver import PERSISTENCE
+from .txpublish import TxPublishers, plan_orders
 from .workers import WorkerPool
 
 __all__ = ["RunOptions", "main", "run"]
@@ -54,6 +56,10 @@ __all__ = ["RunOptions", "main", "run"]
 STALL = 20.0
 #: Seconds of quiet (no new event) that end a settled run: callbacks and deferred copies done.
 QUIET = 3.0
+#: Seconds between the lines a settle that takes long prints on what it still waits for.
+SAY_EVERY = 10.0
+#: Publisher processes of the enqueue-tx variant.
+PUBLISHERS = 2
 
 
 class HarnessError(Exception):
@@ -79,6 +85,7 @@ class RunOptions:
     #: The Redis store on a redis-server of the run's own, with this persistence (``aof``,
     #: ``none``); None: on the machine's Redis, unless ``store-restart`` needs our own (aof).
     redis_persistence: str | None = None
+    variant: str = "plain"  # config.VARIANTS
 
     @property
     def window(self) -> float:
@@ -117,6 +124,27 @@ def _check_servers(store: str, broker: BrokerSandbox) -> None:
                                f"{exc}") from exc
 
 
+def _check_variant(options: RunOptions) -> None:
+    if options.variant not in VARIANTS:
+        raise HarnessError(f"unknown variant {options.variant!r}; one of {', '.join(VARIANTS)}")
+    if options.variant in TX_VARIANTS and options.store not in ("sqlite", "postgres"):
+        raise HarnessError(f"the {options.variant} variant needs a SQL store (the app's "
+                           "tables live in its database): --store sqlite or postgres")
+    if options.variant == "enqueue-tx" and options.broker != "redis":
+        raise HarnessError("the enqueue-tx variant purges the queue: --broker redis")
+
+
+def _app_database(store_url: str) -> AppDatabase:
+    """The app's tables, made in the store's database (the store makes its schema first)."""
+    from lease_celery import open_store
+
+    with open_store(store_url) as store:
+        store.get("chaos:setup")
+    app = AppDatabase.of(store_url)
+    app.create_tables()
+    return app
+
+
 def _own_redis(options: RunOptions, kinds: list[str]) -> str | None:
     """The persistence of the run's own redis-server, or None for the machine's Redis."""
     if options.redis_persistence is not None and options.store != "redis":
@@ -143,18 +171,22 @@ def client_app(config: ChaosConfig) -> Any:
 
 def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerSandbox, *,
            timeout: float) -> list[str]:
-    """Wait until every key is done/dead, nothing is queued and the log is quiet; return the
-    keys still open when the deadline passed or the run stalled."""
+    """Wait until every key is done/dead and settled, nothing is queued and the log is quiet;
+    return the keys still open when the deadline passed or the run stalled."""
     from lease_celery import LeaseState, open_store
 
     deadline = time.monotonic() + timeout
     length, changed = -1, time.monotonic()
+    said = changed
     with open_store(store_url) as store:
         while True:
             now = time.monotonic()
-            running = [r.key for state in (LeaseState.READY, LeaseState.RUNNING)
-                       for r in store.find(state=state, limit=1_000_000)]
-            jobs = {r.key: r.state for r in store.find(prefix="job:", limit=1_000_000)}
+            rows = store.find(limit=1_000_000)
+            # A row still settling is not over: its outcome is not in the result backend yet
+            # (its owner died after the finish, and a sweep's re-publish is to complete it).
+            running = [r.key for r in rows
+                       if r.state in (LeaseState.READY, LeaseState.RUNNING) or r.settling]
+            jobs = {r.key: r.state for r in rows if r.key.startswith("job:")}
             unsettled = {k for k in job_keys if jobs.get(k) not in (LeaseState.DONE,
                                                                     LeaseState.DEAD)}
             open_keys = sorted(unsettled | set(running))
@@ -163,6 +195,10 @@ def settle(store_url: str, job_keys: set[str], events: EventLog, broker: BrokerS
                 length, changed = events.length(), now
             if not open_keys and not queued and now - changed >= QUIET:
                 return []
+            if now - said >= SAY_EVERY:  # a slow settle says what it waits for
+                said = now
+                _log(f"waiting for {len(open_keys)} keys ({', '.join(open_keys[:5])}"
+                     f"{' …' if len(open_keys) > 5 else ''}), {queued} messages queued")
             if now > deadline or (not queued and now - changed >= STALL):
                 return open_keys
             time.sleep(1.0)
@@ -172,7 +208,8 @@ def run(options: RunOptions) -> tuple[Report, Path]:
     started = time.monotonic()
     if options.store not in STORES:
         raise HarnessError(f"unknown store {options.store!r}; one of {', '.join(STORES)}")
-    kinds, skipped = parse_faults(options.faults, options.store)
+    _check_variant(options)
+    kinds, skipped = parse_faults(options.faults, options.store, options.variant)
     own_redis = _own_redis(options, kinds)
     if ("store-restart" in kinds and options.store in ("postgres", "mysql")
             and os.environ.get("CI", "").lower() == "true"):
@@ -199,6 +236,8 @@ def run(options: RunOptions) -> tuple[Report, Path]:
              f"run directory {folder}", *skipped]
     if options.record_at_publish:
         notes.append("published with lease_record=True (a row per key before its message)")
+    if options.variant != "plain":
+        notes.append(f"variant {options.variant}")
     if own_redis is not None:
         notes.append("the store on a redis-server of the run's own: " + (
             "appendonly yes, appendfsync always" if own_redis == "aof"
@@ -218,7 +257,9 @@ def run(options: RunOptions) -> tuple[Report, Path]:
             events_key=events.key, flags_dir=str(folder / "flags"), harness_pid=os.getpid(),
             ttl=options.ttl, heartbeat=options.ttl / 4, sweep_interval=options.ttl / 2,
             sweep_grace=3 * options.ttl, visibility_timeout=options.visibility_timeout,
-            extra_conf=options.extra_conf)
+            extra_conf=options.extra_conf, variant=options.variant)
+        app_db = (_app_database(sandbox.checker_url) if options.variant in TX_VARIANTS
+                  else None)
         pool = WorkerPool(config, folder, events, size=options.workers)
         stack.callback(pool.stop_all)
         _log(f"starting {options.workers} workers (logs in {folder})")
@@ -233,13 +274,20 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         plan = plan_publications(options.tasks, options.window, rng,
                                  resend_fraction=options.duplicates,
                                  alias_fraction=options.duplicates)
-        publisher = Publisher(client, plan, record=options.record_at_publish)
+        publisher: Publisher | TxPublishers
+        if options.variant == "enqueue-tx":
+            publisher = TxPublishers(config, plan_orders(options.tasks, options.window, rng),
+                                     slots=PUBLISHERS, folder=folder, events=events,
+                                     direct_store_url=sandbox.checker_url)
+        else:
+            publisher = Publisher(client, plan, record=options.record_at_publish)
         injector = FaultInjector(
             plan_faults(kinds, options.window, rng), window=options.window, pool=pool,
             sandbox=sandbox, flags=flags, events=events, rng=rng, ttl=options.ttl,
-            finish_tickets=max(2, min(6, options.tasks // 100)))
+            finish_tickets=max(2, min(6, options.tasks // 100)), broker=broker)
         stack.callback(injector.stop)
-        _log(f"publishing {len(plan)} messages; injecting faults")
+        stack.callback(publisher.stop)
+        _log(f"publishing {options.tasks} jobs; injecting faults")
         publisher.start()
         injector.start()
         publisher.join(options.window + 120)
@@ -248,25 +296,35 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         while not injector.done() and time.monotonic() < deadline:
             time.sleep(0.2)
         injector.stop()
+        if isinstance(publisher, TxPublishers):
+            assert app_db is not None
+            # What committed is what the database says: those are the jobs that must run.
+            published = [Published(task_id, job, job_key(job), "original")
+                         for job, task_id in sorted(app_db.read()[1].items())]
+            notes += publisher.errors[:5]
+        else:
+            published = [Published(p.task_id, p.job, p.key, p.kind)
+                         for p in publisher.published]
+            notes += [f"publish error: {e}" for e in publisher.errors[:5]]
         _log("settling")
-        open_keys = settle(sandbox.checker_url, {p.key for p in plan}, events, broker,
+        open_keys = settle(sandbox.checker_url, {p.key for p in published}, events, broker,
                            timeout=options.settle)
         if open_keys:
             notes.append(f"{len(open_keys)} keys still open when the run ended (deadline or "
                          f"no progress for {STALL:.0f}s): {', '.join(open_keys[:10])}"
                          f"{' …' if len(open_keys) > 10 else ''}")
-        notes += [f"publish error: {e}" for e in publisher.errors[:5]]
         notes += [f"fault error: {e}" for e in injector.errors[:5]]
         _log("stopping workers")
         pool.stop_all()
         if pool.restarts >= pool.max_restarts:
             notes.append(f"worker restarts reached their bound ({pool.max_restarts})")
         _log("collecting the history")
-        published = [Published(p.task_id, p.job, p.key, p.kind) for p in publisher.published]
         history = collect(store=options.store, ttl=options.ttl, store_url=sandbox.checker_url,
                           client=client, broker=broker.messages(), published=published,
                           events=events.read(), received=fetch_requests(receiver_url),
-                          notes=notes, wall_time=time.monotonic() - started)
+                          notes=notes, wall_time=time.monotonic() - started,
+                          variant=options.variant, linked=options.variant != "enqueue-tx",
+                          app=app_db)
         history.save(folder / "history.json")
     report = check(history)
     (folder / "report.txt").write_text(format_report(report, shown=10**9) + "\n")
@@ -315,6 +373,10 @@ def parse_args(argv: list[str] | None) -> RunOptions:
                         help="the Redis store on a redis-server of the run's own (store-restart "
                              "starts one, aof by default): aof (appendonly yes, appendfsync "
                              "always) or none (a restart loses every key)")
+    parser.add_argument("--variant", choices=VARIANTS, default="plain",
+                        help="app-tx: bodies write an app row and complete in one transaction "
+                             "of the app's connection; enqueue-tx: those jobs enqueued inside "
+                             "publishers' transactions, half rolled back (SQL stores)")
     parser.add_argument("--conf", type=_conf_value, action="append", default=[],
                         metavar="NAME=VALUE", help="an extra setting for the workers' app")
     args = parser.parse_args(argv)
@@ -323,7 +385,7 @@ def parse_args(argv: list[str] | None) -> RunOptions:
                       visibility_timeout=args.visibility_timeout, workers=args.workers,
                       duplicates=args.duplicates, keep=args.keep, extra_conf=dict(args.conf),
                       record_at_publish=args.record_at_publish,
-                      redis_persistence=args.redis_persistence)
+                      redis_persistence=args.redis_persistence, variant=args.variant)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,7 +84,12 @@ class QueueLengths:
             # queue fails on, and the connection's default one carries the re-publishes.
             with self.app.connection_or_acquire(self.connection) as conn, \
                     conn.channel() as channel:
-                declared = channel.queue_declare(queue=queue, passive=True)
+                # kombu's Redis transport answers a passive declare with "no such queue"
+                # under global_keyprefix (its check looks for the key without the prefix),
+                # which would read as an empty queue. A declare there creates nothing (a
+                # Redis list exists once pushed to) and counts through the prefix.
+                passive = conn.transport.driver_type != "redis"
+                declared = channel.queue_declare(queue=queue, passive=passive)
             return int(declared.message_count)
         except ChannelError:  # no such queue: nothing waits in it
             return 0

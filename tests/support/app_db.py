@@ -116,3 +116,43 @@ def rows(store: Store, job: str) -> list[int]:
 
 def close(conn: Any) -> None:
     conn.close()
+
+
+class CommitReplyLost:
+    """An app connection whose commit reaches the server and commits, and whose reply is then
+    lost: the driver raises its ``OperationalError`` as a connection dropped right after the
+    COMMIT went out would. Everything else is the wrapped connection's."""
+
+    def __init__(self, connection: Any) -> None:
+        from lease_celery.app_connections import app_connection
+
+        self._inner = app_connection(connection)
+        self.raw, self.dialect = self._inner.raw, self._inner.dialect
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._inner.in_transaction
+
+    @property
+    def opens_on_write(self) -> bool:
+        return self._inner.opens_on_write
+
+    def execute(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return self._inner.execute(sql, params)
+
+    def changed(self, sql: str, params: dict[str, Any]) -> int:
+        return self._inner.changed(sql, params)
+
+    def begin(self) -> None:
+        self._inner.begin()
+
+    def commit(self) -> None:
+        self._inner.commit()
+        if self.dialect == "sqlite":
+            raise sqlite3.OperationalError("the reply to COMMIT was lost")
+        import psycopg
+
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def rollback(self) -> None:
+        self._inner.rollback()

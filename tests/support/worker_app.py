@@ -571,7 +571,8 @@ def app_write(self: LeasedTask, job_id: str, mode: str, die: bool = True) -> dic
     """Insert one app row for the job, then (in the first generation, with ``die``) kill this
     pool process before the task returns. ``mode`` ``fenced``: the row commits in
     ``self.lease.fenced()`` and the finish is written after the body; ``transaction``: the row
-    and the finish commit together (``self.lease.transaction``)."""
+    and the finish commit together (``self.lease.transaction``); ``commit_reply_lost``: as
+    ``transaction``, and the first generation's commit lands but its reply is lost."""
     from tests.support import app_db
 
     token = self.lease.token
@@ -581,6 +582,12 @@ def app_write(self: LeasedTask, job_id: str, mode: str, die: bool = True) -> dic
     if mode == "fenced":
         with self.lease.fenced() as fenced:
             app_db.insert(fenced, self.lease_store, job_id, token)
+    elif mode == "commit_reply_lost":
+        # The commit lands and its reply is lost (first generation): the outcome is decided.
+        lost = app_db.CommitReplyLost(conn) if first_generation(self) else conn
+        with self.lease.transaction(lost) as tx:
+            app_db.insert(conn, self.lease_store, job_id, token)
+            tx.complete(outcome)
     else:
         with self.lease.transaction(conn) as tx:
             app_db.insert(conn, self.lease_store, job_id, token)

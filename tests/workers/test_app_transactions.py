@@ -45,6 +45,21 @@ def test_a_worker_dying_between_the_app_commit_and_the_return(
         assert app_db.rows(store, job) == list(range(1, runs + 1))
 
 
+@pytest.mark.parametrize("worker_store", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.worker_env(LEASE_TEST_TTL="1.5", LEASE_TEST_HEARTBEAT="0.4")
+def test_a_commit_whose_reply_was_lost_is_known_by_its_row(workers: WorkerPool) -> None:
+    """The commit reached the server and the connection dropped before its reply (the driver
+    raises OperationalError): the key is done under this lease, so the task's outcome is the
+    committed one (SUCCESS, once), not the driver's error; the body never runs again."""
+    workers.start("a", concurrency=1)
+    job = uuid.uuid4().hex[:12]
+    result = workers.client.send_task(APP_WRITE, args=(job, "commit_reply_lost", False))
+    assert result.get(timeout=60) == {"job_id": job, "token": 1}
+    assert len(workers.journal.events("body_start", job_id=job)) == 1
+    with open_store(workers.store_url) as store:
+        assert app_db.rows(store, job) == [1]
+
+
 # -- enqueue in the caller's transaction: the row is the outbox --------------------------------
 
 GRACE, INTERVAL = 2.0, 0.5

@@ -141,18 +141,26 @@ def test_two_unique_publishers_at_once_publish_once(workers: WorkerPool) -> None
     assert len(received) == len(jobs)
 
 
-def test_a_ready_row_whose_queue_holds_messages_waits_for_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keyprefix", ["", "lease-tests-prefix-{run}:"],
+                         ids=["plain", "global_keyprefix"])
+def test_a_ready_row_whose_queue_holds_messages_waits_for_them(tmp_path: Path,
+                                                                keyprefix: str) -> None:
     """The sweeper asks the broker how many messages wait in a ready row's queue: while some
     do (the row's message may be one of them), the row is left for a later sweep, at most
     ``QUEUE_WAIT_GRACES`` grace periods; once the queue is empty it is re-published. Real
-    Redis broker; a SQLite store on an injected clock."""
+    Redis broker, also with kombu's ``global_keyprefix`` (whose passive queue check looks for
+    the key without the prefix, so the queue seemed missing and the row was re-published
+    behind its backlog every grace period); a SQLite store on an injected clock."""
     from celery import Celery
 
     from lease_celery.worker.sweeper import QUEUE_WAIT_GRACES, sweep_report
 
-    queue = f"lease-tests-backlog-{uuid.uuid4().hex[:8]}"
+    run = uuid.uuid4().hex[:8]
+    queue, keyprefix = f"lease-tests-backlog-{run}", keyprefix.format(run=run)
     app = Celery("backlog", broker=REDIS_URL, set_as_current=False)
     app.conf.task_default_queue = queue
+    if keyprefix:
+        app.conf.broker_transport_options = {"global_keyprefix": keyprefix}
     now = [1000.0]
     client = redis.Redis.from_url(REDIS_URL)
     info = {"task": NAME, "args": ["j", 0.1], "kwargs": {},
@@ -172,13 +180,15 @@ def test_a_ready_row_whose_queue_holds_messages_waits_for_them(tmp_path: Path) -
             now[0] = 1000.0 + QUEUE_WAIT_GRACES * 2.0  # waited long enough: re-published
             assert [r.key for r in sweep_report(app, store, grace=2.0).republished] == [
                 "job:j"]
-            assert client.llen(queue) == 4
-            client.delete(queue)
+            assert client.llen(keyprefix + queue) == 4
+            client.delete(keyprefix + queue)
             now[0] += 2.5  # an empty queue: re-published at once when due
             assert [r.key for r in sweep_report(app, store, grace=2.0).republished] == [
                 "job:j"]
     finally:
-        client.delete(queue)
+        client.delete(keyprefix + queue)
+        for key in client.scan_iter(match=f"{keyprefix}*") if keyprefix else ():
+            client.delete(key)
 
 
 @pytest.mark.worker

@@ -1,0 +1,173 @@
+"""The chaos harness's transactional variants (``--variant app-tx``, ``--variant enqueue-tx``):
+their checks can fail, and a short run of each passes on SQLite and PostgreSQL.
+
+The doctored history is test_chaos.py's clean one, told as an ``enqueue-tx`` run: each done
+job has its one app row and its order; the dead one (j3) has its order (it committed, its job
+then died) and no app row; and one order (j4) was rolled back and left nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from benchmarks.chaos.checker import check
+from benchmarks.chaos.config import JOB_TASK
+from benchmarks.chaos.faults import parse_faults
+from benchmarks.chaos.history import History, Row
+from benchmarks.chaos.txchecks import TX_CHECKS
+from tests.support.servers import postgres_reachable, redis_reachable, require
+from tests.workers.test_chaos import REPO, A, C, D, clean_history
+
+ROLLED_BACK = "id-r"
+
+
+def _event(event: str, t: float, pid: int, **fields: Any) -> dict[str, Any]:
+    return {"event": event, "t": t, "pid": pid, **fields}
+
+
+def tx_history() -> History:
+    history = clean_history()
+    history.variant = "enqueue-tx"
+    history.rows["job:j1"] = Row("job:j1", "done", 2, "w:21:x", None, 2, 1, {"token": 2})
+    history.rows["job:j2"] = Row("job:j2", "done", 1, "w:12:x", None, 1, 0, {"token": 1})
+    history.app_rows = {"j1": [{"token": 2, "pid": 21, "task_id": A}],
+                        "j2": [{"token": 1, "pid": 12, "task_id": C}]}
+    history.orders = {"j1": A, "j2": C, "j3": D}
+    history.events += [
+        _event("order", 0.5, 90, slot=0, job="j1", task_id=A, outcome="committed"),
+        _event("order", 0.6, 90, slot=0, job="j4", task_id=ROLLED_BACK, outcome="rolled_back"),
+    ]
+    return history
+
+
+def _app_row(job: str, token: int) -> Callable[[History], None]:
+    return lambda h: h.app_rows.setdefault(job, []).append({"token": token, "pid": 1})
+
+
+def _no_app_row(h: History) -> None:
+    del h.app_rows["j2"]
+
+
+def _stale_app_row(h: History) -> None:
+    h.app_rows["j1"] = [{"token": 1, "pid": 11}]
+
+
+def _stale_result(h: History) -> None:
+    h.rows["job:j1"] = Row("job:j1", "done", 2, "w:21:x", None, 2, 1, {"token": 1})
+
+
+def _rolled_back_started(h: History) -> None:
+    h.events.append(_event("body_start", 3.0, 21, task=JOB_TASK, task_id=ROLLED_BACK,
+                           key="job:j4", token=1))
+
+
+def _rolled_back_received(h: History) -> None:
+    h.received.append({"idempotency_key": "send:j4", "token": 1, "pid": 21})
+
+
+def _rolled_back_row(h: History) -> None:
+    h.rows["job:j4"] = Row("job:j4", "ready", 0)
+
+
+def _order_without_row(h: History) -> None:
+    h.orders["j5"] = "id-5"
+
+
+def _row_without_order(h: History) -> None:
+    del h.orders["j2"]
+
+
+DEFECTS: dict[str, tuple[str, Callable[[History], None]]] = {
+    "a done key without its app row": ("app_rows", _no_app_row),
+    "two app rows for one key": ("app_rows", _app_row("j1", 1)),
+    "an app row on a dead key": ("app_rows", _app_row("j3", 1)),
+    "a stale owner's app row": ("stale_app_row", _stale_app_row),
+    "an accepted result of another token": ("stale_app_row", _stale_result),
+    "a rolled-back job started": ("rolled_back_ran", _rolled_back_started),
+    "a rolled-back job's effect": ("rolled_back_ran", _rolled_back_received),
+    "a rolled-back job's lease row": ("rolled_back_ran", _rolled_back_row),
+    "an order without its lease row": ("order_mismatch", _order_without_row),
+    "a lease row without its order": ("order_mismatch", _row_without_order),
+}
+
+
+def test_a_clean_transactional_history_passes() -> None:
+    report = check(tx_history())
+    assert report.passed, report.violations
+    assert report.counts["app rows"] == 2
+    assert report.counts["app_rows"] == 0
+
+
+@pytest.mark.parametrize("defect", DEFECTS)
+def test_each_transactional_check_fails_on_its_defect(defect: str) -> None:
+    name, doctor = DEFECTS[defect]
+    history = copy.deepcopy(tx_history())
+    doctor(history)
+    assert name in check(history).failed_checks(), (defect, check(history).violations)
+
+
+def test_every_transactional_check_has_a_defect_that_fails_it() -> None:
+    assert {name for name, _ in DEFECTS.values()} == set(TX_CHECKS)
+
+
+def test_a_plain_run_is_not_judged_by_the_app_tables() -> None:
+    """No app table in a plain run: its keys have no app rows, and nothing fails for it."""
+    report = check(clean_history())
+    assert report.passed, report.violations
+    assert "app_rows" not in report.counts
+
+
+def test_a_variants_all_holds_its_own_faults() -> None:
+    """``all`` takes each variant's own faults along (and leaves the server faults out on
+    SQLite); a variant's fault named in another variant is unknown there."""
+    kinds, _ = parse_faults("all", "sqlite", "enqueue-tx")
+    assert {"commit", "publisher", "purge", "kill"} <= set(kinds)
+    assert "conn" not in kinds
+    assert "commit" in parse_faults("all", "postgres", "app-tx")[0]
+    assert "publisher" not in parse_faults("all", "postgres", "app-tx")[0]
+    with pytest.raises(ValueError, match="purge"):
+        parse_faults("kill,purge", "postgres", "app-tx")
+    assert "commit" not in parse_faults("all", "postgres")[0]
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+RUN_TIMEOUT = 150
+
+
+@pytest.mark.worker
+@pytest.mark.serial  # its 2 s ttl: a second test process starving this one fails a lease
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest.mark.parametrize("variant", ["app-tx", "enqueue-tx"])
+def test_a_short_transactional_chaos_run_passes(variant: str, store: str) -> None:
+    """100 jobs over 10 s with every fault that applies to the store and the variant: kills
+    (of workers, of pool children right after their app transaction committed, of publishers
+    right after theirs), stalls, connection kills and slow replies (PostgreSQL), sweeps, and
+    for ``enqueue-tx`` two queue purges. The checker passes: one app row per done key, no
+    rolled-back job ran."""
+    reachable, detail = redis_reachable()
+    require("Redis", reachable, detail)
+    if store == "postgres":
+        reachable, detail = postgres_reachable()
+        require("PostgreSQL", reachable, detail)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--variant", variant,
+         "--tasks", "100", "--seconds", "10", "--faults", "all", "--settle", "45"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        output, _ = process.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)  # the harness cleans up on SIGTERM
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(f"the {variant} run on {store} took more than {RUN_TIMEOUT}s:\n{output}")
+    assert process.returncode == 0, f"the {variant} run on {store} failed:\n{output}"
