@@ -47,7 +47,7 @@ def test_a_ci_run_refuses_to_restart_the_machines_postgres(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused before anything starts: the cluster serves the CI run's other tests too."""
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(HarnessError, match="machine's PostgreSQL"):
+    with pytest.raises(HarnessError, match="on postgres restarts the machine's server"):
         run(RunOptions(store="postgres", tasks=10, faults="kill,store-restart"))
 
 

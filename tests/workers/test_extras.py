@@ -190,7 +190,8 @@ def test_the_wheel_holds_the_library_its_data_and_its_entry_points(wheel: Path) 
     assert "lease_celery = lease_celery.pytest_plugin" in entry_points
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines()
               if line.startswith("Provides-Extra: ")}
-    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web", "django"}
+    assert extras == {"postgres", "redis", "sqs", "prometheus", "otel", "web", "django",
+                      "mysql"}
     assert "License-Expression: MIT" in metadata
     checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel)],
                              capture_output=True, text=True, timeout=60, check=False)
