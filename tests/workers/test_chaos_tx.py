@@ -146,8 +146,11 @@ RUN_TIMEOUT = 150
 @pytest.mark.worker
 @pytest.mark.serial  # its 2 s ttl: a second test process starving this one fails a lease
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-@pytest.mark.parametrize("store", ["sqlite", "postgres"])
-@pytest.mark.parametrize("variant", ["app-tx", "enqueue-tx"])
+# One store per variant in CI (the serial tier is the suite's long pole): the completion on
+# PostgreSQL, where connection kills and slow replies apply too, the enqueue on SQLite. The
+# full runs of all four are commands with their figures in docs/proof.md.
+@pytest.mark.parametrize(("variant", "store"), [("app-tx", "postgres"),
+                                                ("enqueue-tx", "sqlite")])
 def test_a_short_transactional_chaos_run_passes(variant: str, store: str) -> None:
     """100 jobs over 10 s with every fault that applies to the store and the variant: kills
     (of workers, of pool children right after their app transaction committed, of publishers
