@@ -8,7 +8,11 @@ same through real workers.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,7 @@ from lease_celery.contrib.django.transactions import DjangoConnection
 from lease_celery.errors import LeaseLost
 from lease_celery.stores.base import Store
 from lease_celery.stores.registry import shared_store
+from tests.support.workers import REPO
 
 pytestmark = pytest.mark.usefixtures("django_project")
 
@@ -95,3 +100,32 @@ def test_the_outbox_row_exists_only_if_the_transaction_commits(alias: str,
                                              task=task)
     record = store.get(f"tx:{tag}:ok")
     assert record is not None and record.state.value == "ready"
+
+
+def test_each_alias_runs_on_the_driver_a_project_of_its_kind_runs() -> None:
+    """The drivers these tests mean to cover: mysqlclient for MariaDB (Django's default),
+    psycopg 3 for PostgreSQL (psycopg2 in the run of test_a_psycopg2_project)."""
+    from django.db import connections
+
+    expected = "psycopg2" if os.environ.get("LEASE_TEST_DJANGO_PSYCOPG2") else "psycopg"
+    connections["pg"].ensure_connection()
+    connections["my"].ensure_connection()
+    assert type(connections["pg"].connection).__module__.split(".")[0] == expected
+    assert type(connections["my"].connection).__module__.split(".")[0] == "MySQLdb"
+
+
+@pytest.mark.skipif(bool(os.environ.get("LEASE_TEST_DJANGO_PSYCOPG2")), reason="that run")
+def test_a_psycopg2_project(tmp_path: Path) -> None:
+    """A project whose PostgreSQL backend runs on psycopg2 (psycopg 3 installed beside it for
+    the store's own connections): migrations, the store, and the statements of
+    ``self.lease.atomic()`` and ``delay_on_commit`` on Django's psycopg2 cursor, an admin
+    action. Django picks its driver once per process: these run in a pytest of their own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         __file__, str(Path(__file__).with_name("test_admin.py")),
+         "-k", "postgres or driver or (release and pg)",
+         "--basetemp", str(tmp_path / "run")],
+        env={**os.environ, "LEASE_TEST_DJANGO_PSYCOPG2": "1"}, cwd=REPO,
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "\n5 passed" in done.stdout, done.stdout[-2000:]

@@ -62,6 +62,22 @@ if os.environ.get("LEASE_TEST_DJANGO_PG"):
     # The same database, for a project whose own transactions are SERIALIZABLE (psycopg's
     # IsolationLevel.SERIALIZABLE): the store's statements still run under READ COMMITTED.
     DATABASES["pg_serializable"] = {**DATABASES["pg"], "OPTIONS": {"isolation_level": 4}}
+if os.environ.get("LEASE_TEST_DJANGO_PSYCOPG2"):
+    # A project on psycopg2: Django's backend picks psycopg 3 whenever it can import it, and
+    # the lease store's own connections need psycopg 3 installed beside psycopg2. The backend
+    # is imported here with psycopg hidden, so it settles on psycopg2 for this process.
+    import sys
+
+    hidden = {name: module for name, module in sys.modules.items()
+              if name == "psycopg" or name.startswith("psycopg.")}
+    for name in hidden:
+        del sys.modules[name]
+    sys.modules["psycopg"] = None  # type: ignore[assignment]  # an ImportError for Django
+    try:
+        import django.db.backends.postgresql.base  # noqa: F401
+    finally:
+        del sys.modules["psycopg"]
+        sys.modules.update(hidden)
 if os.environ.get("LEASE_TEST_DJANGO_MYSQL"):
     # MariaDB through Django's MySQL backend on mysqlclient (what Django projects run; the
     # lease store's own connections are PyMySQL's), with the OPTIONS Django's docs advise.
