@@ -1,4 +1,4 @@
-"""The Django project with real ``celery worker`` processes, on SQLite and on PostgreSQL:
+"""The Django project with real ``celery worker`` processes, on SQLite, PostgreSQL and MariaDB:
 orders paid through a leased task that writes its models inside ``self.lease.atomic()``,
 under a duplicate delivery, a stalled worker (SIGSTOP) and a killed one (SIGKILL); and
 ``delay_on_commit`` whose row is the outbox, with a producer killed right after its commit.
@@ -27,7 +27,7 @@ APP = "tests.django_integration.project.celery_app"
 TTL = 2.0
 
 
-@pytest.fixture(params=["default", "pg"], ids=["sqlite", "postgres"])
+@pytest.fixture(params=["default", "pg", "my"], ids=["sqlite", "postgres", "mariadb"])
 def shop(request: pytest.FixtureRequest, tmp_path: Path,
          django_project: dict[str, str]) -> Iterator[WorkerPool]:
     """Workers of the Django project on the store of this alias (django://ALIAS)."""
