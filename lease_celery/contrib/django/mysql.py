@@ -63,6 +63,8 @@ def _connection_args(alias: str, settings: dict[str, Any]) -> dict[str, Any]:
     """PyMySQL's ``connect()`` arguments for the alias, as Django's backend reads them."""
     args: dict[str, Any] = {"user": settings.get("USER") or "",
                             "password": settings.get("PASSWORD") or ""}
+    # An empty HOST: mysqlclient connects through the client library's default socket, but
+    # PyMySQL knows no such default and connects to localhost over TCP (docs/django.md).
     host = settings.get("HOST") or "localhost"
     if host.startswith("/"):  # Django's way of naming a socket
         args["unix_socket"] = host
@@ -74,9 +76,10 @@ def _connection_args(alias: str, settings: dict[str, Any]) -> dict[str, Any]:
                if name not in _PROJECT_ONLY}
     unknown = sorted(set(options) - _pymysql_parameters())
     if unknown:
-        raise ConfigError(f"Django database {alias!r}: OPTIONS {', '.join(unknown)} are "
-                          "mysqlclient's; the lease store connects with PyMySQL, which has "
-                          "no such parameter (set them in a read_default_file instead)")
+        raise ConfigError(f"Django database {alias!r}: the lease store connects with "
+                          f"PyMySQL, which has no parameter {', '.join(unknown)} of OPTIONS "
+                          "(mysqlclient's own, or misspelled; a read_default_file can carry "
+                          "the client settings both read)")
     # init_command runs before the store's own session settings, which therefore win.
     args.update(options)
     return args

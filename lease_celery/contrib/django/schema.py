@@ -1,8 +1,7 @@
 """The store's schema in a Django database: made by the migrations with the store's own
 statements (``stores.postgres.create_schema``, ``stores.sqlite.create_schema``,
-``stores.mysql_schema.make_schema``), so the
-tables, indexes, triggers and the recorded schema version are the ones a store opened on its
-own URL would make, and cannot drift from them."""
+``stores.mysql_schema.make_schema``), so the tables, indexes, triggers and the recorded schema
+version are the ones a store opened on its own URL would make, and cannot drift from them."""
 
 from __future__ import annotations
 
