@@ -59,7 +59,7 @@ with needs("the MySQL lease store", "PyMySQL", extra="mysql"):
 
     from .mysql_connections import Connection, Connections, NoConnection
 
-__all__ = ["MySQLStore"]
+__all__ = ["MySQLStore", "schema_queries"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +192,10 @@ class MySQLStore(Store):
 
     def _prepare(self, conn: Connection) -> None:
         """The queries for this server's dialect, and the schema (made or checked) once."""
-        from .mysql_schema import dialect_queries, make_schema
-
         with conn.cursor() as cur:
             cur.execute("SELECT VERSION() AS version")
             version = str(cur.fetchone()["version"])
-        queries = dialect_queries(load_queries("mysql"), version, now=_NOW, clock=_CLOCK)
+        queries = schema_queries(version)
         queries.update(find_queries(queries))
         # find() of any state: the settled rows as two arms, done and dead, each a range of
         # the (state, updated_at) index read backwards; one arm for both states (the other
@@ -207,8 +205,15 @@ class MySQLStore(Store):
             "{arms}", " UNION ALL ".join(f"({arm})" for arm in arms))
         queries["claim_batch"] = (f"START TRANSACTION;\n{queries['claim']};\n"
                                   f"{queries['claimed_by']};\nCOMMIT")
-        make_schema(conn, queries, f"mysql lease store at {self._where}")
+        self._make_schema(conn, queries)
         self._q = queries
+
+    def _make_schema(self, conn: Connection, queries: dict[str, str]) -> None:
+        """Make, migrate or check the schema (a store whose schema is made by others, Django's
+        migrations, only checks it)."""
+        from .mysql_schema import make_schema
+
+        make_schema(conn, queries, f"mysql lease store at {self._where}")
 
     def close(self) -> None:
         with self._lock:
@@ -635,6 +640,14 @@ class MySQLStore(Store):
                 when: str) -> None:
         if _one(conn, self._q["lock_current"], params) is None:
             raise lease_not_current(lease, when, what="committed")
+
+
+def schema_queries(version: str) -> dict[str, str]:
+    """The store's statements for the server of ``version`` (``SELECT VERSION()``), as its
+    connections run them: for the schema made elsewhere too (Django's migrations)."""
+    from .mysql_schema import dialect_queries
+
+    return dialect_queries(load_queries("mysql"), version, now=_NOW, clock=_CLOCK)
 
 
 def _claim_in(conn: Connection, queries: dict[str, str], params: dict[str, Any]) -> Row | None:

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import StoreError
 from .sql_glue import SCHEMA_VERSION, check_schema_version
 
-__all__ = ["MIGRATIONS", "dialect_queries", "make_schema"]
+__all__ = ["MIGRATIONS", "dialect_queries", "make_schema", "stored_schema_version"]
 
 #: Schema version -> the statements (query names) that bring a store at the previous version
 #: to it. The MySQL store was born at schema 7 (``sql_glue.SCHEMA_VERSION``): a later version
@@ -59,7 +59,7 @@ def make_schema(conn: Any, queries: dict[str, str], where: str) -> None:
         if not cur.fetchone()["got"]:
             raise StoreError(f"{where}: another process held the schema lock for 30 s")
         try:
-            version = _version(cur, queries)
+            version = stored_schema_version(cur, queries)
             check_schema_version(version, where)
             if version == SCHEMA_VERSION:
                 return  # no DDL: it would wait for running workers' metadata locks
@@ -75,7 +75,9 @@ def make_schema(conn: Any, queries: dict[str, str], where: str) -> None:
             cur.execute(queries["unlock_schema"])
 
 
-def _version(cur: Any, queries: dict[str, str]) -> int | None:
+def stored_schema_version(cur: Any, queries: dict[str, str]) -> int | None:
+    """The schema version recorded in the database (None: no lease tables), read on a cursor
+    whose rows are dicts."""
     cur.execute("SELECT COUNT(*) AS n FROM information_schema.tables "
                 "WHERE table_schema = DATABASE() AND table_name = 'lease_celery_meta'")
     if not cur.fetchone()["n"]:

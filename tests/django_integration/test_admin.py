@@ -1,5 +1,5 @@
-"""The admin pages of the lease store, through Django's test client, on SQLite and on
-PostgreSQL: the lists, their filters and search, and the operator actions (each one of
+"""The admin pages of the lease store, through Django's test client, on SQLite,
+PostgreSQL and MariaDB: the lists, their filters and search, and the operator actions (each one of
 lease_celery.ops, so the key's history records it as the CLI's would), behind permissions.
 """
 
@@ -18,9 +18,9 @@ from lease_celery.stores.registry import shared_store
 pytestmark = pytest.mark.usefixtures("django_project")
 
 
-@pytest.fixture(params=["default", "pg"])
+@pytest.fixture(params=["default", "pg", "my"])
 def alias(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The admin on the store of this database alias (SQLite, then PostgreSQL)."""
+    """The admin on the store of this database alias (SQLite, PostgreSQL, MariaDB)."""
     from django.test import override_settings
 
     with override_settings(LEASE_CELERY_STORE_URL=f"django://{request.param}"):

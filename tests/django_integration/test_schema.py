@@ -2,7 +2,7 @@
 
 The store's schema version (``sql_glue.SCHEMA_VERSION``) and what its SQL files create are
 compared with what ``manage.py migrate`` made: every table, column, index, trigger, function
-and sequence of the lease tables, on PostgreSQL and SQLite.
+and sequence of the lease tables, on PostgreSQL, MariaDB and SQLite.
 """
 
 from __future__ import annotations
@@ -61,6 +61,41 @@ def sqlite_catalog(path: str) -> dict[str, Any]:
         }
 
 
+def mysql_catalog(database: str) -> dict[str, Any]:
+    """The lease tables' catalog in a MariaDB database."""
+    from tests.support.mysql_databases import server_connection
+
+    queries = {
+        "tables": """SELECT table_name, table_type, engine, table_collation
+                     FROM information_schema.tables WHERE table_schema = %s ORDER BY 1""",
+        "columns": """SELECT table_name, column_name, column_type, is_nullable, column_default,
+                             collation_name, extra
+                      FROM information_schema.columns WHERE table_schema = %s
+                      AND table_name LIKE 'lease_celery_%%' ORDER BY 1, 2""",
+        "indexes": """SELECT table_name, index_name, seq_in_index, column_name, sub_part,
+                             non_unique, index_type
+                      FROM information_schema.statistics WHERE table_schema = %s
+                      AND table_name LIKE 'lease_celery_%%' ORDER BY 1, 2, 3""",
+        "triggers": """SELECT trigger_name, event_manipulation, event_object_table,
+                              action_timing, action_statement
+                       FROM information_schema.triggers WHERE trigger_schema = %s
+                       ORDER BY 1""",
+    }
+    conn = server_connection()
+    try:
+        with conn.cursor() as cursor:
+            found = {}
+            for name, query in queries.items():
+                cursor.execute(query, (database,))
+                found[name] = [
+                    tuple(v for v in row if v != database) for row in cursor.fetchall()]
+            cursor.execute(f"SELECT name, value FROM `{database}`.lease_celery_meta")
+            found["meta"] = list(cursor.fetchall())
+        return found
+    finally:
+        conn.close()
+
+
 def test_the_latest_migration_leaves_the_stores_schema_version() -> None:
     """A new store schema needs a new migration (that runs the store's DDL again)."""
     latest = sorted(p.stem for p in MIGRATIONS.glob("0*.py"))[-1]
@@ -104,6 +139,24 @@ def test_migrate_makes_on_sqlite_what_the_store_makes(django_project: dict[str, 
     assert migrated == sqlite_catalog(str(path))
 
 
+def test_migrate_makes_on_mariadb_what_the_store_makes(django_project: dict[str, str]) -> None:
+    """manage.py migrate through Django's MySQL backend (mysqlclient) and a MySQLStore on an
+    empty database: the same tables, columns, indexes, triggers, sequence and version."""
+    from tests.support.mysql_databases import database
+
+    migrated = mysql_catalog(django_project["LEASE_TEST_DJANGO_MYSQL"])
+    with database() as url:
+        store = open_store(url)
+        store.get("any")  # the store makes its schema at its first statement
+        store.close()
+        made = mysql_catalog(url.rsplit("/", 1)[1])
+    assert migrated["meta"] == [("schema_version", str(SCHEMA_VERSION))]
+    assert migrated["columns"] and migrated["indexes"] and migrated["triggers"]
+    # The project's own tables (auth, shop) are in the migrated database only.
+    migrated["tables"] = [row for row in migrated["tables"] if row[0].startswith("lease_")]
+    assert migrated == made
+
+
 def test_a_database_not_migrated_is_refused_with_what_to_run(
         django_project: dict[str, str]) -> None:
     store = open_store("django://bare")
@@ -124,6 +177,10 @@ def test_migrating_again_changes_nothing(django_project: dict[str, str]) -> None
         create_store_schema(editor)
     after = pg_catalog(f"{PG_DSN.rsplit('/', 1)[0]}/{django_project['LEASE_TEST_DJANGO_PG']}")
     assert before == after
+    before = mysql_catalog(django_project["LEASE_TEST_DJANGO_MYSQL"])
+    with connections["my"].schema_editor() as editor:
+        create_store_schema(editor)
+    assert mysql_catalog(django_project["LEASE_TEST_DJANGO_MYSQL"]) == before
 
 
 def test_the_models_and_the_migrations_agree(django_project: dict[str, str]) -> None:

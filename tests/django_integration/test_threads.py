@@ -59,7 +59,7 @@ def test_many_threads_share_the_stores_pool_and_open_no_django_connection(
     store.close()
 
 
-@pytest.mark.parametrize("alias", ["default", "pg"])
+@pytest.mark.parametrize("alias", ["default", "pg", "my"])
 def test_a_forked_child_uses_connections_of_its_own(alias: str) -> None:
     store = open_store(f"django://{alias}")
     key = f"fork-{uuid.uuid4().hex[:6]}"

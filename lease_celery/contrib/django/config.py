@@ -8,10 +8,11 @@ from ...errors import ConfigError, StoreError
 from ...stores.sql_glue import SCHEMA_VERSION, check_schema_version
 from ...stores.urls import url_options
 
-__all__ = ["PG_OPTIONS", "SQLITE_OPTIONS", "check_version", "parse_url"]
+__all__ = ["MYSQL_OPTIONS", "PG_OPTIONS", "SQLITE_OPTIONS", "check_version", "parse_url"]
 
 PG_OPTIONS = ("pool_max", "reconnect_timeout")
 SQLITE_OPTIONS = ("busy_timeout", "synchronous")
+MYSQL_OPTIONS = ("pool_max", "reconnect_timeout", "lock_wait_timeout", "connect_timeout")
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -24,7 +25,8 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     if not alias or parts.path not in ("", "/"):
         raise ConfigError(f"django store URL {url!r} must name a DATABASES alias and nothing "
                           "else: django://default")
-    options = url_options("django", parts, url, PG_OPTIONS + SQLITE_OPTIONS)
+    options = url_options("django", parts, url,
+                          tuple(dict.fromkeys(PG_OPTIONS + SQLITE_OPTIONS + MYSQL_OPTIONS)))
     return alias, options
 
 

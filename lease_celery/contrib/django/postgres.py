@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from ...checks import check_ttl
-from ...errors import ConfigError
 from ...stores.base import Clock
 from ...stores.pg_connections import Connections
 from ...stores.postgres import PostgresStore, stored_schema_version
@@ -16,6 +16,19 @@ from .config import check_version, parse_url
 from .schema import lease_schema
 
 __all__ = ["DjangoPostgresStore"]
+
+#: Connection parameters of Django's psycopg2 backend that are psycopg2's own, not libpq's.
+_PSYCOPG2_ONLY = ("cursor_factory",)
+
+
+def _psycopg_parameters(wrapper: Any) -> dict[str, Any]:
+    """``psycopg.connect()`` arguments from Django's backend for the alias (on psycopg 3 or
+    psycopg2: the settings' libpq parameters are the same)."""
+    params = dict(wrapper.get_connection_params())
+    if wrapper.Database is not psycopg:
+        for name in _PSYCOPG2_ONLY:
+            params.pop(name, None)
+    return params
 
 
 class DjangoPostgresStore(PostgresStore):
@@ -37,25 +50,26 @@ class DjangoPostgresStore(PostgresStore):
         self._prepare()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        """A new autocommit connection from Django's backend for the alias: its settings,
-        its connection setup (time zone, role, ``connection_created`` receivers), its driver."""
+        """A new autocommit psycopg 3 connection for the alias: its settings, and, where
+        Django's backend can make it (psycopg 3, no pool), its connection setup too (time
+        zone, role, ``connection_created`` receivers)."""
         from django.db import connections
 
         # A DatabaseWrapper of the store's own, not the thread's: only its driver
         # connection is kept (and closed by the store's pool).
         wrapper = connections.create_connection(self.alias)
-        if wrapper.settings_dict.get("OPTIONS", {}).get("pool"):
-            # Django's pool lends connections to be given back to it: the store keeps its
-            # own, so it connects with the pool's parameters, but not through it.
-            conn = psycopg.connect(**wrapper.get_connection_params())
+        if wrapper.settings_dict.get("OPTIONS", {}).get("pool") or wrapper.Database is not psycopg:
+            # Django's pool lends connections to be given back to it, and a project on
+            # psycopg2 makes psycopg2 connections, on which the store's statements and pool do
+            # not run (psycopg 3's API): the store connects itself, psycopg 3 with the
+            # parameters Django's backend reads from the settings.
+            conn = psycopg.connect(**_psycopg_parameters(wrapper))
+            role = wrapper.settings_dict.get("OPTIONS", {}).get("assume_role")
+            if role:
+                conn.execute(psycopg.sql.SQL("SET ROLE {}").format(psycopg.sql.Identifier(role)))
         else:
             wrapper.connect()  # the driver's errors (OperationalError) as they are: retried
             conn = wrapper.connection
-        if not isinstance(conn, psycopg.Connection):
-            conn.close()
-            raise ConfigError(f"Django database {self.alias!r} uses {type(conn).__module__}; "
-                              "the django:// lease store on PostgreSQL needs psycopg 3 "
-                              "(pip install 'psycopg[binary]'; Django picks it over psycopg2)")
         # The store's statements are written for READ COMMITTED (the default), each its own
         # commit; a project's OPTIONS["isolation_level"] is for its own transactions.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

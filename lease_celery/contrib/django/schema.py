@@ -1,15 +1,17 @@
 """The store's schema in a Django database: made by the migrations with the store's own
-statements (``stores.postgres.create_schema``, ``stores.sqlite.create_schema``), so the
-tables, indexes, triggers and the recorded schema version are the ones a store opened on its
-own URL would make, and cannot drift from them."""
+statements (``stores.postgres.create_schema``, ``stores.sqlite.create_schema``,
+``stores.mysql_schema.make_schema``), so the tables, indexes, triggers and the recorded schema
+version are the ones a store opened on its own URL would make, and cannot drift from them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["CursorExecutes", "create_store_schema", "lease_schema", "table_name"]
+__all__ = ["CursorExecutes", "DictCursors", "create_store_schema", "lease_schema", "table_name"]
 
 #: The PostgreSQL schema of the lease tables when ``LEASE_CELERY_SCHEMA`` is not set: the
 #: PostgreSQL store's default too, so ``django://default`` and ``postgresql://...`` (a worker
@@ -71,7 +73,43 @@ def create_store_schema(schema_editor: Any) -> None:
         # parameters, which Django's cursor would rewrite. It is in the migration's
         # transaction all the same.
         create_sqlite_schema(connection.connection, f"Django database {connection.alias!r}")
+    elif connection.vendor == "mysql":
+        from ...stores.mysql import schema_queries as mysql_queries
+        from ...stores.mysql_schema import make_schema
+
+        # MariaDB commits each DDL statement on its own: Django runs this migration outside
+        # a transaction there, and the store's steps may each be run again.
+        queries = mysql_queries(connection.mysql_server_info)
+        make_schema(DictCursors(connection), queries, f"Django database {connection.alias!r}")
     else:
         raise ConfigError(f"lease_celery's tables cannot be made on {connection.vendor} "
-                          f"(Django database {connection.alias!r}): PostgreSQL and SQLite "
-                          "only")
+                          f"(Django database {connection.alias!r}): PostgreSQL, MariaDB and "
+                          "SQLite only")
+
+
+class DictCursors:
+    """A Django connection in the shape the MySQL store's schema function takes (PyMySQL's
+    ``cursor()`` as a context manager, rows as dicts), whatever Django's MySQL driver."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    @contextmanager
+    def cursor(self) -> Iterator[_DictRows]:
+        with self.connection.cursor() as cursor:
+            yield _DictRows(cursor)
+
+
+class _DictRows:
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+
+    def execute(self, query: str, params: dict[str, Any] | None = None) -> None:
+        self.cursor.execute(query, params)
+
+    def fetchone(self) -> dict[str, Any] | None:
+        row = self.cursor.fetchone()
+        if row is None:
+            return None
+        return {column[0]: value for column, value in zip(self.cursor.description, row,
+                                                            strict=True)}

@@ -1,9 +1,10 @@
 """``django://ALIAS``: the lease store in a Django project's database.
 
 The URL names a ``DATABASES`` alias; the store is the SQL store of that database's engine
-(``PostgresStore`` or ``SQLiteStore``: their statements and rules, unchanged), on
-connections Django's backend makes for the alias, so the project's settings (host, options,
-``init_command``, time zone) apply and there is nothing to configure twice.
+(``PostgresStore``, ``MySQLStore`` or ``SQLiteStore``: their statements and rules, unchanged),
+on connections made from the alias's settings (by Django's backend, where it can), so the
+project's settings (host, options, ``init_command``, time zone) apply and there is nothing to
+configure twice.
 
 The store keeps its connections itself, per process (a forked child makes its own), and
 never uses the ORM's per-thread connection: a lease write must commit on its own, not join
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ...stores.base import Clock, Store
-from .config import PG_OPTIONS, SQLITE_OPTIONS, parse_url
+from .config import MYSQL_OPTIONS, PG_OPTIONS, SQLITE_OPTIONS, parse_url
 
 __all__ = ["DjangoStore"]
 
 class DjangoStore:
-    """The store of ``django://ALIAS``: a ``DjangoPostgresStore`` or a ``DjangoSQLiteStore``,
-    chosen by the alias's engine (``open_store`` builds this class; it answers the right one).
+    """The store of ``django://ALIAS``: a ``DjangoPostgresStore``, ``DjangoMySQLStore`` or
+    ``DjangoSQLiteStore``, chosen by the alias's engine (``open_store`` builds this class; it
+    answers the right one).
     """
 
     # A factory in the registry's shape (``Class(url, clock=...)``): the store class depends
@@ -42,9 +44,13 @@ class DjangoStore:
         elif vendor == "sqlite":
             unknown = sorted(set(options) - set(SQLITE_OPTIONS))
             from .sqlite import DjangoSQLiteStore as klass  # type: ignore[assignment]
+        elif vendor == "mysql":  # MySQL and MariaDB alike (the store runs on MariaDB)
+            unknown = sorted(set(options) - set(MYSQL_OPTIONS))
+            from .mysql import DjangoMySQLStore as klass  # type: ignore[assignment]
         else:
             raise ConfigError(f"django store URL {url!r}: Django database {alias!r} is "
-                              f"{vendor}; the lease store runs on PostgreSQL and SQLite")
+                              f"{vendor}; the lease store runs on PostgreSQL, MariaDB and "
+                              "SQLite")
         if unknown:
             raise ConfigError(f"django store URL {url!r}: option(s) {', '.join(unknown)} do "
                               f"not apply to a {vendor} database")

@@ -62,6 +62,9 @@ class DjangoConnection:
             # SQLite statements use :name parameters, which Django's cursor would rewrite.
             self.raw.ensure_connection()
             return self.raw.connection.cursor()
+        # Django's cursor hands a dict of parameters to the driver as it is, and every driver
+        # of its PostgreSQL and MySQL backends (psycopg 3, psycopg2; mysqlclient, PyMySQL)
+        # takes the %(name)s style the stores' statements are written in.
         return self.raw.cursor()
 
     def execute(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

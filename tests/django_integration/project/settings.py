@@ -1,8 +1,9 @@
 """Settings of the Django project the Django integration's tests run (tests/django_integration).
 
 Its databases come from the environment the tests set: ``default`` a SQLite file
-(LEASE_TEST_DJANGO_SQLITE), and ``pg`` a PostgreSQL database (LEASE_TEST_DJANGO_PG) when
-given. The lease store is ``LEASE_TEST_STORE`` (django://default or django://pg).
+(LEASE_TEST_DJANGO_SQLITE), ``pg`` a PostgreSQL database (LEASE_TEST_DJANGO_PG) and ``my`` a
+MariaDB database (LEASE_TEST_DJANGO_MYSQL) when given. The lease store is
+``LEASE_TEST_STORE`` (django://default, django://pg or django://my).
 """
 
 from __future__ import annotations
@@ -61,6 +62,35 @@ if os.environ.get("LEASE_TEST_DJANGO_PG"):
     # The same database, for a project whose own transactions are SERIALIZABLE (psycopg's
     # IsolationLevel.SERIALIZABLE): the store's statements still run under READ COMMITTED.
     DATABASES["pg_serializable"] = {**DATABASES["pg"], "OPTIONS": {"isolation_level": 4}}
+if os.environ.get("LEASE_TEST_DJANGO_PSYCOPG2"):
+    # A project on psycopg2: Django's backend picks psycopg 3 whenever it can import it, and
+    # the lease store's own connections need psycopg 3 installed beside psycopg2. The backend
+    # is imported here with psycopg hidden, so it settles on psycopg2 for this process.
+    import sys
+
+    hidden = {name: module for name, module in sys.modules.items()
+              if name == "psycopg" or name.startswith("psycopg.")}
+    for name in hidden:
+        del sys.modules[name]
+    sys.modules["psycopg"] = None  # type: ignore[assignment]  # an ImportError for Django
+    try:
+        import django.db.backends.postgresql.base  # noqa: F401
+    finally:
+        del sys.modules["psycopg"]
+        sys.modules.update(hidden)
+if os.environ.get("LEASE_TEST_DJANGO_MYSQL"):
+    # MariaDB through Django's MySQL backend on mysqlclient (what Django projects run; the
+    # lease store's own connections are PyMySQL's), with the OPTIONS Django's docs advise.
+    DATABASES["my"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": os.environ["LEASE_TEST_DJANGO_MYSQL"],
+        "HOST": os.environ.get("LEASE_TEST_DJANGO_MYSQL_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("LEASE_TEST_DJANGO_MYSQL_PORT", "3306"),
+        "USER": os.environ.get("LEASE_TEST_DJANGO_MYSQL_USER", "root"),
+        "PASSWORD": os.environ.get("LEASE_TEST_DJANGO_MYSQL_PASSWORD", ""),
+        "OPTIONS": {"charset": "utf8mb4",
+                    "init_command": "SET SESSION sql_mode = 'STRICT_TRANS_TABLES'"},
+    }
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

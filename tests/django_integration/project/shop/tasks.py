@@ -54,8 +54,15 @@ def pay_order(self: LeasedDjangoTask, order_id: int, stall: float = 0.0) -> dict
     except Exception as exc:
         record("refused", order=order_id, token=token, error=type(exc).__name__)
         raise
-    record("paid", order=order_id, token=token)
+    record("paid", order=order_id, token=token, driver=_driver())
     return result
+
+
+def _driver() -> str:
+    """The driver of Django's connection in this process (what the tests mean to cover)."""
+    from django.db import connections
+
+    return type(connections[ALIAS].connection).__module__.split(".")[0]
 
 
 @shared_task(base=LeasedDjangoTask, bind=True, lease_key="note:{number}", name="note_order")
