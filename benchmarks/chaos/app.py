@@ -6,7 +6,9 @@ checking its lease, then sends ONE outside effect to the receiver through ``self
 returns a small JSON result carrying its lease token. Its ``link`` callbacks are a LeasedTask
 keyed by its own task id (``chaos.on_done``) and a plain task (``chaos.on_done_plain``). In the
 transactional variants (``app-tx``, ``enqueue-tx``) the body then inserts an app row and
-completes the key in one transaction of the app's own connection (:mod:`.apptx`). What
+completes the key in one transaction of the app's own connection (:mod:`.apptx`); in
+``django-tx`` the job is a ``LeasedDjangoTask`` that writes Django models and completes the key
+in one ``self.lease.atomic()`` block (:mod:`.djangotx`). What
 happens is recorded in the event log by the tasks and by :mod:`benchmarks.chaos.hooks`.
 """
 
@@ -25,13 +27,16 @@ from . import hooks, receiver
 from .appdb import AppDatabase
 from .apptx import complete_in_app
 from .config import (
+    APP_DB_VARIANTS,
     CALLBACK_TASK,
+    DJANGO_VARIANT,
     JOB_TASK,
     PLAIN_CALLBACK_TASK,
-    TX_VARIANTS,
     ChaosConfig,
     effect_key,
 )
+from .djangotx import complete_in_django, setup_django
+from .djangotx import job_base as django_job_base
 from .events import EventLog
 from .flags import Flags
 
@@ -44,7 +49,12 @@ config = ChaosConfig.from_env(os.environ)
 events = EventLog(config.backend_url, config.events_key)
 flags = Flags(Path(config.flags_dir))
 #: The app's own tables (the transactional variants), in the store's database.
-app_db = AppDatabase.of(config.store_url) if config.variant in TX_VARIANTS else None
+app_db = AppDatabase.of(config.store_url) if config.variant in APP_DB_VARIANTS else None
+django_tx = config.variant == DJANGO_VARIANT
+job_base: type[Any] = LeasedTask
+if django_tx:
+    setup_django()  # before the Celery app is made: its Django fix-up is chosen then
+    job_base = django_job_base()
 
 app = Celery("chaos")
 app.conf.update(config.celery_conf())
@@ -65,7 +75,7 @@ app.conf.update(config.extra_conf)
 
 
 # (celery ships no type information: its decorators are untyped)
-@app.task(base=LeasedTask, bind=True, name=JOB_TASK, lease_key="job:{job}")  # type: ignore[untyped-decorator]
+@app.task(base=job_base, bind=True, name=JOB_TASK, lease_key="job:{job}")  # type: ignore[untyped-decorator]
 def job(self: LeasedTask, job: str, sleep_ms: int) -> dict[str, Any]:
     lease = self.lease
     token, owner, task_id = lease.token, lease.owner, self.request.id
@@ -92,6 +102,8 @@ def job(self: LeasedTask, job: str, sleep_ms: int) -> dict[str, Any]:
     if app_db is not None:
         # The app row and the finish commit together (the variant's point).
         return complete_in_app(self, app_db, job, result, events=events, flags=flags)
+    if django_tx:
+        return complete_in_django(self, job, result, events=events, flags=flags)
     return result
 
 

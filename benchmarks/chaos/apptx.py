@@ -20,6 +20,7 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .appdb import AppDatabase
@@ -27,7 +28,7 @@ from .calls import commit_known
 from .events import EventLog
 from .flags import Flags
 
-__all__ = ["complete_in_app"]
+__all__ = ["commit_retrying", "complete_in_app"]
 
 #: Tries of the transaction on a broken connection before the body gives up (the failure is
 #: then the task's, and the checker's ``unexplained_dead`` judges it).
@@ -73,20 +74,37 @@ def _drop(kind: str) -> None:
 def complete_in_app(task: Any, db: AppDatabase, job: str, result: dict[str, Any], *,
                     events: EventLog, flags: Flags) -> dict[str, Any]:
     """Insert the job's app row and complete the key with ``result`` in one transaction."""
+    lease, kind = task.lease, _kind(job)
+
+    def commit() -> None:
+        conn = _connect(db, kind)
+        with lease.transaction(conn) as tx:
+            db.insert_app_row(conn, job, lease.token, os.getpid(), task.request.id)
+            tx.complete(result)
+
+    commit_retrying(task, commit, errors=_connection_errors(), drop=lambda: _drop(kind),
+                    connection=kind, events=events, flags=flags)
+    return result
+
+
+def commit_retrying(task: Any, commit: Callable[[], None], *,
+                    errors: tuple[type[BaseException], ...], drop: Callable[[], None],
+                    connection: str, events: EventLog, flags: Flags) -> None:
+    """Run ``commit`` (the app's writes and ``tx.complete`` in one transaction) until it
+    commits: a broken connection (``errors``) is dropped and the transaction run again, up to
+    ``ATTEMPTS`` times. Then the ``commit_exit`` fault, if a ticket is armed. Shared by every
+    transactional body (the driver's and SQLAlchemy's connections here, Django's ORM in
+    :mod:`.djangotx`): the model's judge, the retry events and the fault stay one."""
     lease, task_id = task.lease, task.request.id
-    errors, kind = _connection_errors(), _kind(job)
     for attempt in range(1, ATTEMPTS + 1):
         lease.check()  # a lease lost meanwhile: stop here, nothing of ours is committed
         try:
-            conn = _connect(db, kind)
-            with lease.transaction(conn) as tx:
-                db.insert_app_row(conn, job, lease.token, os.getpid(), task_id)
-                tx.complete(result)
+            commit()
         except errors as exc:
             commit_known(None)  # a finish accepted before the failure: its commit is unknown
-            _drop(kind)
+            drop()
             events.record("app_tx_retry", task_id=task_id, key=lease.key, token=lease.token,
-                          attempt=attempt, connection=kind, error=repr(exc)[:200])
+                          attempt=attempt, connection=connection, error=repr(exc)[:200])
             if attempt == ATTEMPTS:
                 raise
             time.sleep(PAUSE)
@@ -97,8 +115,7 @@ def complete_in_app(task: Any, db: AppDatabase, job: str, result: dict[str, Any]
         commit_known(True)
         break
     events.record("app_row_committed", task_id=task_id, key=lease.key, token=lease.token,
-                  connection=kind)
+                  connection=connection)
     if flags.take("commit_exit"):
         events.record("fault", kind="commit_exit", key=lease.key, task_id=task_id)
         os._exit(1)
-    return result

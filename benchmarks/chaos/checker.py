@@ -58,12 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import CALLBACK_TASK, JOB_TASK, TX_VARIANTS, effect_key
+from .config import CALLBACK_TASK, JOB_TASK, effect_key
 from .events import Event
 from .history import History, Row
 from .judge import unexplained_dead, unexplained_history
 from .tally import tally
-from .txchecks import TX_CHECKS, tx_counts, tx_violations
+from .txchecks import TX_CHECKS, VARIANT_CHECKS, tx_counts, tx_violations
 
 __all__ = ["CHECKS", "Report", "Violation", "check", "main"]
 
@@ -142,7 +142,7 @@ def check(history: History) -> Report:
             "lead to (a result accepted twice, an effect sent twice, ...) still do")
     failed = report.failed_checks()
     judged = [name for name in CHECKS
-              if name not in TX_CHECKS or history.variant in TX_VARIANTS]
+              if name not in TX_CHECKS or name in VARIANT_CHECKS.get(history.variant, ())]
     report.counts = tally(history, {name: failed.get(name, 0) for name in judged},
                           held=len(broker.held), vanished=len(broker.vanished))
     report.counts["epoch refusals (StoreDataLost)"] = refusals

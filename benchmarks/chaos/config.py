@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CALLBACK_TASK", "JOB_TASK", "PLAIN_CALLBACK_TASK", "TX_VARIANTS", "VARIANTS",
-           "ChaosConfig", "effect_key", "job_key"]
+__all__ = ["APP_DB_VARIANTS", "CALLBACK_TASK", "DJANGO_VARIANT", "JOB_TASK",
+           "PLAIN_CALLBACK_TASK", "TX_VARIANTS", "VARIANTS", "ChaosConfig", "effect_key",
+           "job_key"]
 
 #: The LeasedTask under test: sleeps, sends one effect, returns its token.
 JOB_TASK = "chaos.job"
@@ -28,9 +29,15 @@ PLAIN_CALLBACK_TASK = "chaos.on_done_plain"
 #: ``app-tx``: the effect, then an app row and the finish in one transaction of the app's
 #: connection (``self.lease.transaction``). ``enqueue-tx``: the app-tx body, published by
 #: processes that enqueue inside their own transactions (``lease_transaction=conn``).
-VARIANTS = ("plain", "app-tx", "enqueue-tx")
+#: ``django-tx``: the effect, then Django models (an order and its payment) and the finish in
+#: one ``self.lease.atomic()`` block, the store ``django://default`` (PostgreSQL).
+VARIANTS = ("plain", "app-tx", "enqueue-tx", "django-tx")
+DJANGO_VARIANT = "django-tx"
 #: The variants whose bodies complete in the app's transaction (an app row per done key).
-TX_VARIANTS = ("app-tx", "enqueue-tx")
+TX_VARIANTS = ("app-tx", "enqueue-tx", DJANGO_VARIANT)
+#: The variants whose app tables are ``appdb.py``'s, written on the app's own connections
+#: (the Django variant's are its models, written through the ORM).
+APP_DB_VARIANTS = ("app-tx", "enqueue-tx")
 
 _PREFIX = "CHAOS_"
 
@@ -70,6 +77,9 @@ class ChaosConfig:
     max_attempts: int = 10
     max_takeovers: int = 5
     variant: str = "plain"  # one of VARIANTS
+    #: The Django project's database (``django-tx``: its ``DATABASES["default"]``, as the
+    #: workers reach it), a ``postgresql://`` URL naming the run's schema and tag.
+    database_url: str = ""
     #: Further Celery / lease_* settings for the workers' app (``--conf name=value``).
     extra_conf: dict[str, Any] = field(default_factory=dict)
 

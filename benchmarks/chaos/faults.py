@@ -16,8 +16,9 @@
   PostgreSQL (``pg_ctlcluster ... restart -m fast``), the machine's MariaDB (``mariadb-admin
   shutdown``, then started as ``.ci/run`` starts it), or the run's own redis-server, down for
   0.25–1 × ttl (two restarts in three) or 1.5–2.5 × ttl (longer than a delivery waits) |
-| ``commit`` | (``app-tx``, ``enqueue-tx``) arm tickets: a pool child exits right after its
-  app transaction committed the key's finish, before Celery stores the result or acks |
+| ``commit`` | (``app-tx``, ``enqueue-tx``, ``django-tx``) arm tickets: a pool child exits right
+  after its app transaction (Django: its ``self.lease.atomic()`` block) committed the key's
+  finish, before Celery stores the result or acks |
 | ``publisher`` | (``enqueue-tx``) arm tickets: a publisher process exits right after its
   transaction committed, before it publishes the message (the sweeper publishes from the row) |
 | ``purge`` | (``enqueue-tx``) stop the worker main processes (the consumers) for 1.5 s, then
@@ -57,7 +58,7 @@ FAULTS = ("kill", "stop", "conn", "slow", "sweep", "finish", "hold")
 OPT_IN = ("store-restart",)
 #: Faults of a variant's own seams, in its ``all``.
 VARIANT_FAULTS = {"plain": (), "app-tx": ("commit",),
-                  "enqueue-tx": ("commit", "publisher", "purge")}
+                  "enqueue-tx": ("commit", "publisher", "purge"), "django-tx": ("commit",)}
 #: Faults that need a connection to a server (a SQLite store is a file).
 SERVER_FAULTS = ("conn", "slow", "store-restart")
 #: Probability that an accepted finish takes an armed ``finish_exit`` (or ``finish_hold``)

@@ -21,16 +21,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from .appdb import AppDatabase
 from .config import CALLBACK_TASK, effect_key
 from .events import Event
 
-__all__ = ["BackendEntry", "BrokerMessage", "History", "Published", "Row", "collect"]
+__all__ = ["AppTables", "BackendEntry", "BrokerMessage", "History", "Published", "Row",
+           "collect"]
 
 #: More rows than any run makes: ``find`` returns them all.
 FIND_LIMIT = 1_000_000
+
+
+class AppTables(Protocol):
+    """The app's tables of a transactional variant (``appdb.AppDatabase``,
+    ``djangodb.DjangoDatabase``)."""
+
+    def read(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+        """Committed app rows (job -> rows) and orders (job -> task id)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -163,7 +172,7 @@ def callback_ids(events: list[Event]) -> list[str]:
 def collect(*, store: str, ttl: float, store_url: str, client: Any,
             broker: list[BrokerMessage], published: list[Published], events: list[Event],
             received: list[dict[str, Any]], notes: list[str], wall_time: float,
-            variant: str = "plain", linked: bool = True, app: AppDatabase | None = None
+            variant: str = "plain", linked: bool = True, app: AppTables | None = None
             ) -> History:
     rows, receipts = read_store(store_url, published)
     ids = sorted({p.task_id for p in published} | set(callback_ids(events)))

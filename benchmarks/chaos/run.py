@@ -26,7 +26,8 @@ from typing import Any
 from .appdb import AppDatabase
 from .broker import BROKERS, BrokerSandbox, backend_url
 from .checker import Report, check
-from .config import TX_VARIANTS, VARIANTS, ChaosConfig, job_key
+from .config import APP_DB_VARIANTS, DJANGO_VARIANT, TX_VARIANTS, VARIANTS, ChaosConfig, job_key
+from .djangodb import DjangoDatabase
 from .events import EventLog
 from .faults import FAULTS, OPT_IN, FaultInjector, parse_faults, plan_faults
 from .flags import Flags
@@ -130,6 +131,9 @@ def _check_variant(options: RunOptions) -> None:
     if options.variant in TX_VARIANTS and options.store not in ("sqlite", "postgres"):
         raise HarnessError(f"the {options.variant} variant needs a SQL store (the app's "
                            "tables live in its database): --store sqlite or postgres")
+    if options.variant == DJANGO_VARIANT and options.store != "postgres":
+        raise HarnessError("the django-tx variant runs its Django project on PostgreSQL: "
+                           "--store postgres")
     if options.variant == "enqueue-tx" and options.broker != "redis":
         raise HarnessError("the enqueue-tx variant purges the queue: --broker redis")
 
@@ -250,16 +254,29 @@ def run(options: RunOptions) -> tuple[Report, Path]:
         sandbox = stack.enter_context(store_sandbox(options.store, run_id, folder,
                                                     own_redis=own_redis))
         receiver_url = stack.enter_context(running_receiver(folder))
+        django = options.variant == DJANGO_VARIANT
         config = ChaosConfig(
             broker_url=broker.url, backend_url=backend_url(), keyprefix=keyprefix,
             queue=broker.queue,
-            store_url=sandbox.worker_url, receiver_url=receiver_url,
+            # django-tx: the store is Django's database (the workers' Django connects to it
+            # through the proxy, under the run's tag), as a Django project configures it.
+            store_url="django://default" if django else sandbox.worker_url,
+            database_url=sandbox.worker_url if django else "",
+            receiver_url=receiver_url,
             events_key=events.key, flags_dir=str(folder / "flags"), harness_pid=os.getpid(),
             ttl=options.ttl, heartbeat=options.ttl / 4, sweep_interval=options.ttl / 2,
             sweep_grace=3 * options.ttl, visibility_timeout=options.visibility_timeout,
             extra_conf=options.extra_conf, variant=options.variant)
-        app_db = (_app_database(sandbox.checker_url) if options.variant in TX_VARIANTS
-                  else None)
+        app_db: AppDatabase | DjangoDatabase | None = None
+        if options.variant in APP_DB_VARIANTS:
+            app_db = _app_database(sandbox.checker_url)
+        elif django:
+            app_db = DjangoDatabase(sandbox.checker_url)
+            _log("migrating the run's Django database")
+            try:
+                app_db.migrate()
+            except RuntimeError as exc:
+                raise HarnessError(str(exc)) from exc
         pool = WorkerPool(config, folder, events, size=options.workers)
         stack.callback(pool.stop_all)
         _log(f"starting {options.workers} workers (logs in {folder})")
@@ -297,7 +314,7 @@ def run(options: RunOptions) -> tuple[Report, Path]:
             time.sleep(0.2)
         injector.stop()
         if isinstance(publisher, TxPublishers):
-            assert app_db is not None
+            assert isinstance(app_db, AppDatabase)
             # What committed is what the database says: those are the jobs that must run.
             published = [Published(task_id, job, job_key(job), "original")
                          for job, task_id in sorted(app_db.read()[1].items())]
@@ -376,7 +393,9 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--variant", choices=VARIANTS, default="plain",
                         help="app-tx: bodies write an app row and complete in one transaction "
                              "of the app's connection; enqueue-tx: those jobs enqueued inside "
-                             "publishers' transactions, half rolled back (SQL stores)")
+                             "publishers' transactions, half rolled back (SQL stores); "
+                             "django-tx: bodies write Django models and complete in one "
+                             "self.lease.atomic() block, store django://default (postgres)")
     parser.add_argument("--conf", type=_conf_value, action="append", default=[],
                         metavar="NAME=VALUE", help="an extra setting for the workers' app")
     args = parser.parse_args(argv)

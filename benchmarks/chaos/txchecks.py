@@ -13,6 +13,13 @@ app's own tables must show once a run settled.
     receiver request, and no worker ever received or ran its task.
 ``order_mismatch`` (``enqueue-tx``)
     An order row and its key's lease row committed together: neither without the other.
+``order_payment`` (``django-tx``)
+    Each order row has exactly one payment, of the order's token: the block's model writes
+    (the payment in a savepoint of it) committed together, never one without the other.
+
+In ``django-tx`` the app rows are the Django ``Order`` rows (``djangodb.py``), so ``app_rows``
+and ``stale_app_row`` judge them: one order per done key, none for a key not done, its token
+the key's final one (which ``stale_accepted`` ties to the accepted finish's).
 """
 
 from __future__ import annotations
@@ -20,16 +27,23 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .config import TX_VARIANTS, effect_key, job_key
+from .config import DJANGO_VARIANT, TX_VARIANTS, effect_key, job_key
 from .history import History
 
-__all__ = ["TX_CHECKS", "tx_counts", "tx_violations"]
+__all__ = ["TX_CHECKS", "VARIANT_CHECKS", "tx_counts", "tx_violations"]
 
 TX_CHECKS = {
     "app_rows": "a done key without exactly one app row, or an app row on a key not done",
     "stale_app_row": "an app row (or accepted result) of a token not the key's final one",
     "rolled_back_ran": "a rolled-back order whose job left a row, a request or a run",
     "order_mismatch": "an order row without its key's lease row, or the other way round",
+    "order_payment": "an order row without exactly one payment of its token",
+}
+#: The checks above each transactional variant is judged by (and its table shows).
+VARIANT_CHECKS = {
+    "app-tx": ("app_rows", "stale_app_row"),
+    "enqueue-tx": ("app_rows", "stale_app_row", "rolled_back_ran", "order_mismatch"),
+    DJANGO_VARIANT: ("app_rows", "stale_app_row", "order_payment"),
 }
 
 Finding = tuple[str, str, str]  # (check, subject, detail): the checker makes it a Violation
@@ -41,6 +55,8 @@ def tx_violations(history: History) -> list[Finding]:
     found = _app_rows(history)
     if history.variant == "enqueue-tx":
         found += _rolled_back_ran(history) + _order_mismatch(history)
+    if history.variant == DJANGO_VARIANT:
+        found += _order_payment(history)
     return found
 
 
@@ -119,6 +135,18 @@ def _order_mismatch(history: History) -> list[Finding]:
                sorted(keys - ordered)])
 
 
+def _order_payment(history: History) -> list[Finding]:
+    found: list[Finding] = []
+    for job, rows in sorted(history.app_rows.items()):
+        for row in rows:
+            payments = list(row.get("payments", []))
+            if payments != [row["token"]]:
+                found.append(("order_payment", job_key(job),
+                              f"order of token {row['token']} (pid {row.get('pid')}) with "
+                              f"payments of tokens {payments}"))
+    return found
+
+
 def tx_counts(history: History) -> dict[str, Any]:
     """Table rows of the transactional variants."""
     if history.variant not in TX_VARIANTS:
@@ -134,6 +162,9 @@ def tx_counts(history: History) -> dict[str, Any]:
         1 for e in history.events for fault in exits
         if e.get("event") == "body_start" and e.get("key") == fault.get("key")
         and float(e.get("t", 0.0)) > float(fault.get("t", 0.0)))
+    if history.variant == DJANGO_VARIANT:
+        counts["payments"] = sum(len(row.get("payments", [])) for rows in
+                                 history.app_rows.values() for row in rows)
     if history.variant == "enqueue-tx":
         seen = Counter(str(e.get("outcome")).split(":")[0] for e in history.events
                        if e.get("event") == "order")

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("django_project")
+# One group: run by .ci/run with --dist loadgroup, every test here is in one process, which
+# fills the million rows once per database.
+pytestmark = [pytest.mark.usefixtures("django_project"), pytest.mark.xdist_group("million")]
 
 ROWS = 1_000_000
 

@@ -189,3 +189,24 @@ def test_the_models_and_the_migrations_agree(django_project: dict[str, str]) -> 
     from django.core.management import call_command
 
     call_command("makemigrations", "lease_celery", check=True, dry_run=True, verbosity=0)
+
+
+def test_a_connection_lost_while_a_process_opens_the_store_is_a_store_error(
+        django_project: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first statement of a process opens its django:// store on PostgreSQL and checks the
+    schema version; a connection killed right then (pg_terminate_backend, a restart) is the
+    store's ``StoreError``, which the task's gate defers as a store outage, never the driver's
+    error (found by the django-tx chaos run: a fresh pool child's claim failed with
+    ``AdminShutdown``, its task stored a FAILURE and its key was left without a row)."""
+    from lease_celery.contrib.django.postgres import DjangoPostgresStore
+
+    def killed(self: DjangoPostgresStore) -> Any:
+        raise psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+
+    monkeypatch.setattr(DjangoPostgresStore, "_connect", killed)
+    store = open_store("django://pg")
+    with pytest.raises(StoreError, match=r"Django database 'pg'.*administrator command"):
+        store.claim(f"opening-{uuid.uuid4().hex[:6]}", owner="me", ttl=30)
+    monkeypatch.undo()
+    assert store.get("any") is None  # the next statement opens it
+    store.close()

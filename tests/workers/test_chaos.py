@@ -9,12 +9,7 @@ tasks, every fault that applies to the store) once per store and assert that it 
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +18,7 @@ from benchmarks.chaos.checker import CHECKS, check, deaths
 from benchmarks.chaos.config import CALLBACK_TASK, JOB_TASK, PLAIN_CALLBACK_TASK
 from benchmarks.chaos.history import BackendEntry, BrokerMessage, History, Published, Row
 from benchmarks.chaos.txchecks import TX_CHECKS
+from tests.support.chaos import run_chaos
 from tests.support.servers import (
     mysql_reachable,
     postgres_reachable,
@@ -30,8 +26,6 @@ from tests.support.servers import (
     redis_reachable,
     require,
 )
-
-REPO = Path(__file__).resolve().parents[2]
 
 # -- a doctored history ------------------------------------------------------------------------
 # j1: original A (re-sent with the same id) and alias B; its first worker (group 10: pids 10, 11,
@@ -421,20 +415,10 @@ def test_a_short_chaos_run_passes(store: str, broker: str) -> None:
     # after 10 s instead of after the run (callback_lost, CI seed 3680404250).
     if broker == "sqs":
         recording += ["--visibility-timeout", "10"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.chaos", "--store", store, "--broker", broker,
-         "--tasks", "150", "--faults", "all", "--settle", "60", *recording,
-         "--conf", "task_default_priority=5", "--conf", "task_queue_max_priority=10"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        output, _ = process.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: the harness then stops its workers and deletes its keys and schema.
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        pytest.fail(f"the chaos run on {store} took more than {RUN_TIMEOUT}s:\n{output}")
-    assert process.returncode == 0, f"the chaos run on {store} failed:\n{output}"
+    run_chaos(["--store", store, "--broker", broker, "--tasks", "150", "--faults", "all",
+               "--settle", "60", *recording, "--conf", "task_default_priority=5",
+               "--conf", "task_queue_max_priority=10"],
+              timeout=RUN_TIMEOUT, what=f"the chaos run on {store}")
 
 
 def test_fault_to_settled_counts_the_keys_each_victim_held() -> None:

@@ -78,7 +78,14 @@ class DjangoPostgresStore(PostgresStore):
 
     def _open_connections(self) -> Connections:
         connections = Connections("", max_size=self.pool_max, connect=self._connect)
-        with connections.connection(self.reconnect_timeout) as conn:
-            # The schema is the migrations': checked, never made here.
-            check_version(stored_schema_version(conn, self._q), self.alias)
+        try:
+            with connections.connection(self.reconnect_timeout) as conn:
+                # The schema is the migrations': checked, never made here.
+                check_version(stored_schema_version(conn, self._q), self.alias)
+        except psycopg.Error as exc:
+            # As PostgresStore's own opening: a connection lost right now (killed, a restart)
+            # is the store's error, which the task's gate defers as an outage; the driver's
+            # error would fail the task and leave its key without a row.
+            connections.close()
+            raise self._connect_error(exc) from exc
         return connections
