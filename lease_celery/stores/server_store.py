@@ -92,7 +92,8 @@ class ServerStore(Store, Generic[_C, _L]):
 
     @abc.abstractmethod
     def _at(self, conn: _C) -> float:
-        """The server's clock, read on ``conn``, as epoch seconds."""
+        """The store's instant read on ``conn``, as epoch seconds (``now()`` without an
+        injected clock: the server's)."""
 
     def _queries_ready(self) -> None:
         """Before ``self._q`` is read outside ``_run``: where the statements depend on the
@@ -118,6 +119,8 @@ class ServerStore(Store, Generic[_C, _L]):
                    random.uniform(0.01, min(1.0, 0.05 * 2 ** min(attempt, 5))))
 
     def _get_connections(self) -> _L:
+        # Every statement passes here: the lock is taken only while there are none (the
+        # first use, and the first in a forked child), and they are made once under it.
         connections = self._connections.get()
         if connections is not None:
             return connections
