@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -27,16 +25,15 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from ..app_connections import AppConnection, CheckedConnections
+from ..app_connections import AppConnection
 from ..checks import check_ttl
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError
 from ..extras import needs
 from ..limits import Rate
-from ..models import EffectState, Finding, HistoryEntry, Lease, LeaseState
+from ..models import Finding, HistoryEntry, Lease, LeaseState
 from .base import (
     Clock,
     Row,
-    Store,
     check_lease,
     fence_params,
     lease_not_current,
@@ -44,8 +41,8 @@ from .base import (
 )
 from .mysql_diagnosis import server_findings
 from .queries import load_queries
+from .server_store import ServerStore
 from .sql_glue import (
-    PerProcess,
     find_queries,
     find_query,
     grouped,
@@ -96,7 +93,25 @@ def _connection_lost(exc: BaseException) -> bool:
         isinstance(exc, pymysql.err.OperationalError) and _error_code(exc) in _CONNECTION_ERRORS)
 
 
-class MySQLStore(Store):
+def _execute(conn: Connection, query: str, params: dict[str, Any]) -> int:
+    with conn.cursor() as cur:
+        return int(cur.execute(query, params))
+
+
+def _one(conn: Connection, query: str, params: dict[str, Any]) -> Row | None:
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        row: Row | None = cur.fetchone()
+        return row
+
+
+def _all(conn: Connection, query: str, params: dict[str, Any]) -> list[Row]:
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall())
+
+
+class MySQLStore(ServerStore[Connection, Connections]):
     """Lease store on MySQL 8 or MariaDB 10.6+ (``mysql://user:password@host:3306/db``).
 
     URL options: ``pool_max`` (connections per process, default 4), ``reconnect_timeout``
@@ -107,6 +122,10 @@ class MySQLStore(Store):
     """
 
     carries_finish = False
+    dialect = "mysql"
+    which_database = _WHICH_DATABASE
+    server_called = "server"
+    other_dialect = "; the lease can only join a transaction on its own database"
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
@@ -143,15 +162,10 @@ class MySQLStore(Store):
         }
         self._session = (f"SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = "
                          f"{lock_wait}", "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        self._q: dict[str, str] = {}
-        self._app_databases = CheckedConnections()
-        self._connections: PerProcess[Connections] = PerProcess()
-        self._lock = threading.Lock()
+        self._q: dict[str, str] = {}  # made with the first connection (the server's version)
+        self._no_connections_yet()
 
     # -- connections ------------------------------------------------------------------------
-
-    def _error(self, exc: BaseException) -> StoreError:
-        return StoreError(f"mysql lease store at {self._where}: {exc}".strip())
 
     def _connect(self) -> Connection:
         """A new connection, its session set as every statement of the store expects."""
@@ -165,30 +179,24 @@ class MySQLStore(Store):
             raise
         return conn
 
-    def _get_connections(self) -> Connections:
-        connections = self._connections.get()
-        if connections is not None:
-            return connections
-        with self._lock:
-            connections = self._connections.get()
-            if connections is None:
-                # Connect once directly first: a bad host, password or database fails here
-                # with the server's own message; the schema is made (or checked) once.
-                try:
-                    conn = self._connect()
-                except pymysql.Error as exc:
-                    raise self._error(exc) from exc
-                try:
-                    self._prepare(conn)
-                except BaseException as exc:
-                    conn.close()
-                    if isinstance(exc, pymysql.Error):
-                        raise self._error(exc) from exc
-                    raise
-                connections = Connections(self._connect, max_size=self.pool_max)
-                connections.adopt(conn)  # the first statement needs no second connect
-                self._connections.set(connections)
-            return connections
+    def _open_connections(self) -> Connections:
+        """This process's connections, the schema made (or checked) on the first one."""
+        # Connect once directly first: a bad host, password or database fails here with the
+        # server's own message; the schema is made (or checked) once.
+        try:
+            conn = self._connect()
+        except pymysql.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            self._prepare(conn)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, pymysql.Error):
+                raise self._error(exc) from exc
+            raise
+        connections = Connections(self._connect, max_size=self.pool_max)
+        connections.adopt(conn)  # the first statement needs no second connect
+        return connections
 
     def _prepare(self, conn: Connection) -> None:
         """The queries for this server's dialect, and the schema (made or checked) once."""
@@ -214,12 +222,6 @@ class MySQLStore(Store):
         from .mysql_schema import make_schema
 
         make_schema(conn, queries, f"mysql lease store at {self._where}")
-
-    def close(self) -> None:
-        with self._lock:
-            connections = self._connections.take()
-            if connections is not None:
-                connections.close()
 
     def _run(self, operation: Callable[[Connection], _T], *,
              if_resent: Callable[[_T], _T] | None = None, transaction: bool = False) -> _T:
@@ -259,31 +261,32 @@ class MySQLStore(Store):
                     raise self._error(exc) from exc
                 maybe_sent = maybe_sent or (_connection_lost(exc) and not transaction)
                 attempt += 1
-                spent = max(waited, time.perf_counter() - started)
-                if spent >= self.reconnect_timeout:
-                    raise self._error(exc) from exc
+                pause = self._retry_pause(exc, attempt, started, waited)
                 logger.warning("mysql lease store at %s: %s; trying again", self._where, exc)
-                pause = min(self.reconnect_timeout - spent,
-                            random.uniform(0.01, min(1.0, 0.05 * 2 ** min(attempt, 5))))
                 time.sleep(pause)
                 waited += pause
 
-    def _params(self, **params: Any) -> dict[str, Any]:
-        params["now"] = self._clock() if self._clock is not None else None
-        return params
+    _fetch_one = staticmethod(_one)
+    _fetch_all = staticmethod(_all)
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[Row]:
-        return self._run(lambda conn: _all(conn, self._q[query], params))
+    @staticmethod
+    def _matches(conn: Connection, query: str, params: dict[str, Any]) -> bool:
+        return _execute(conn, query, params) == 1
 
-    def _row(self, query: str, params: dict[str, Any]) -> Row | None:
-        return self._run(lambda conn: _one(conn, self._q[query], params))
+    def _database_of(self, conn: Connection) -> tuple[Any, ...]:
+        found = _one(conn, _WHICH_DATABASE, {})
+        assert found is not None  # a SELECT of two values answers one row
+        return found["db"], found["server"]
+
+    def _queries_ready(self) -> None:
+        self._get_connections()  # the queries for this server
 
     def _count(self, query: str, **params: Any) -> int:
         """Rows a one-statement write matched."""
         return self._run(lambda conn: _execute(conn, self._q[query], self._params(**params)))
 
     def _at(self, conn: Connection) -> float:
-        """The store's instant, read once for a transaction that needs one value."""
+        # Read once for a transaction that needs one value, the injected clock's if any.
         row = _one(conn, self._q["now"], self._params())
         assert row is not None
         return float(row["now"])
@@ -347,9 +350,6 @@ class MySQLStore(Store):
                     set_rate=changes.get("set_rate"), set_interval=changes.get("set_interval"),
                     change_limit="set_limit" in changes, change_rate="set_rate" in changes)
 
-    def _limits(self, group: str | None, limit: int) -> list[Row]:
-        return self._rows("limits_list", self._params(grp=group, limit=limit))
-
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         params = self._params(key=key, task=task, countdown=countdown, nonce=uuid.uuid4().hex)
 
@@ -370,32 +370,6 @@ class MySQLStore(Store):
             return out
 
         return self._run(renew, transaction=True)
-
-    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
-        return self._fenced_write("finish", lease, LeaseState.DONE, result=result,
-                                  settle_within=settle_within)
-
-    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
-                 counted: bool) -> bool:
-        return self._fenced_write("release", lease, LeaseState.READY, delay=delay,
-                                  reason=reason, task=task, given_back=0 if counted else 1)
-
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
-              error: str | None) -> bool:
-        return self._fenced_write("kill", lease, LeaseState.DEAD, reason=reason,
-                                  settle_within=settle_within, error=error)
-
-    def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
-        """A fenced write; a refusal of a re-sent copy is checked against the row."""
-        bound = self._params(**fence_params(lease), **params)
-        def check(ok: bool) -> bool:
-            return ok or self.settled_by(lease, state)
-
-        return self._run(lambda conn: _execute(conn, self._q[query], bound) == 1,
-                         if_resent=check)
-
-    def _checkpoint(self, lease: Lease, data: str) -> bool:
-        return self._count("checkpoint", checkpoint=data, **fence_params(lease)) == 1
 
     def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         def settle(conn: Connection) -> list[bool]:
@@ -433,15 +407,6 @@ class MySQLStore(Store):
 
         return self._run(cancel)
 
-    def _force_release(self, key: str, reason: str) -> bool:
-        return self._count("force_release", key=key, reason=reason) == 1
-
-    def _requeue(self, key: str, reason: str) -> bool:
-        return self._count("requeue", key=key, reason=reason) == 1
-
-    def _purge(self, key: str) -> bool:
-        return self._count("purge", key=key) == 1
-
     def _purge_older_than(self, seconds: float, limit: int | None) -> int:
         def batch(size: int) -> int:
             def purge(conn: Connection) -> int:
@@ -458,16 +423,6 @@ class MySQLStore(Store):
         # Small transactions: no row lock is held for a whole table's worth.
         return purge_in_batches(batch, limit)
 
-    def _get(self, key: str) -> Row | None:
-        return self._row("get", {"key": key})
-
-    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
-              limit: int) -> list[Row]:
-        return self._rows(find_query(state), {"prefix": prefix, "owner": owner, "limit": limit})
-
-    def _stats(self) -> list[Row]:
-        return self._rows("stats", self._params())
-
     def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
         def sweep(conn: Connection) -> list[str]:
             params = self._params(limit=limit, grace=grace, nonce=nonce, at=self._at(conn))
@@ -479,9 +434,6 @@ class MySQLStore(Store):
 
         return self._run(sweep, transaction=True)
 
-    def _sweep_unmark(self, key: str, token: int) -> bool:
-        return self._count("sweep_unmark", key=key, token=token) == 1
-
     def _record_history_many(self, entries: list[HistoryEntry]) -> None:
         rows = [(e.key, e.at, e.event, e.owner, e.token, e.fence, e.detail) for e in entries]
 
@@ -490,10 +442,6 @@ class MySQLStore(Store):
                 cur.executemany(self._q["history_insert"], rows)
 
         self._run(insert)
-
-    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
-        return [HistoryEntry(**row)
-                for row in self._rows("history_of", {"key": key, "limit": limit})]
 
     def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
         if not keys:
@@ -517,11 +465,6 @@ class MySQLStore(Store):
     def _prune_history(self, cutoff: float, limit: int) -> int:
         return self._run(lambda conn: _execute(conn, self._q["history_prune"],
                                                {"cutoff": cutoff, "limit": limit}))
-
-    def now(self) -> float:
-        if self._clock is not None:
-            return self._clock()
-        return self._run(self._at)
 
     def _diagnose(self) -> list[Finding]:
         return self._run(server_findings)
@@ -549,48 +492,11 @@ class MySQLStore(Store):
 
         return self._run(write, transaction=lease is not None)
 
-    def _effect_get(self, key: str) -> Row | None:
-        return self._row("effect_get", {"key": key})
-
-    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
-        return self._rows("effect_find", {"state": None if state is None else state.value,
-                                          "limit": limit})
-
-    def _effect_update(self, key: str, version: int, state: EffectState,
-                       result: str | None) -> bool:
-        return self._count("effect_update", key=key, version=version, state=state.value,
-                           result=result) == 1
-
-    def _effect_delete(self, key: str, version: int) -> bool:
-        return self._count("effect_delete", key=key, version=version) == 1
-
     # -- the app's own transaction (issue 39: Store.lock_in, finish_in, record_published_in) -
-
-    def _check_app_database(self, conn: AppConnection) -> None:
-        if conn.dialect != "mysql":
-            raise ConfigError(f"mysql lease store at {self._where}: the app's connection is "
-                              f"to a {conn.dialect} database; the lease can only join a "
-                              "transaction on its own database")
-        if conn in self._app_databases:
-            return  # checked on this connection before
-        found = self._run(lambda own: _one(own, _WHICH_DATABASE, {}))
-        assert found is not None  # a SELECT of two values answers one row
-        here = (found["db"], found["server"])
-        there = tuple(conn.execute(_WHICH_DATABASE, {})[0])
-        if here != there:
-            raise ConfigError(f"mysql lease store at {self._where}: the app's connection "
-                              f"reaches database {there[0]!r} (server {there[1]}), but the "
-                              f"store is in {here[0]!r} (server {here[1]}); the lease can only "
-                              "join a transaction on its own database")
-        self._app_databases.add(conn)
-
-    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
-        self._get_connections()  # the queries for this server
-        return bool(conn.execute(self._q["lock_current"], self._params(**fence_params(lease))))
 
     def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
                     settle_within: float | None) -> bool:
-        self._get_connections()
+        self._queries_ready()
         # The app's session may count changed rows, not matched ones: a finish always changes
         # the state, so either count is 1 exactly when it was accepted.
         return conn.changed(self._q["finish"], self._params(
@@ -598,7 +504,7 @@ class MySQLStore(Store):
 
     def _app_record_published(self, conn: AppConnection, key: str, task: str,
                               countdown: float) -> bool:
-        self._get_connections()
+        self._queries_ready()
         params = self._params(key=key, task=task, countdown=countdown, nonce=uuid.uuid4().hex)
         conn.changed(self._q["record_published"], params)
         return bool(conn.execute(self._q["published_already"], params))
@@ -685,21 +591,3 @@ def _in(query: str, name: str, count: int) -> str:
 
 def _listed(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {f"{name}{i}": value for i, value in enumerate(values)}
-
-
-def _execute(conn: Connection, query: str, params: dict[str, Any]) -> int:
-    with conn.cursor() as cur:
-        return int(cur.execute(query, params))
-
-
-def _one(conn: Connection, query: str, params: dict[str, Any]) -> Row | None:
-    with conn.cursor() as cur:
-        cur.execute(query, params)
-        row: Row | None = cur.fetchone()
-        return row
-
-
-def _all(conn: Connection, query: str, params: dict[str, Any]) -> list[Row]:
-    with conn.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall())

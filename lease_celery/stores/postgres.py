@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,20 +18,19 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..app_connections import AppConnection, CheckedConnections
+from ..app_connections import AppConnection
 from ..checks import check_ttl
 from ..errors import ConfigError, StoreError
 from ..extras import needs
 from ..limits import Rate
-from ..models import EffectState, HistoryEntry, Lease, LeaseState
-from .base import Clock, Row, Store, check_lease, fence_params, lease_not_current, lease_params
+from ..models import HistoryEntry, Lease, LeaseState
+from .base import Clock, Row, check_lease, fence_params, lease_not_current, lease_params
 from .queries import load_queries
+from .server_store import ServerStore
 from .sql_glue import (
     SCHEMA_VERSION,
-    PerProcess,
     check_schema_version,
     find_queries,
-    find_query,
     grouped,
     purge_in_batches,
 )
@@ -64,7 +61,15 @@ _WHICH_DATABASE = "SELECT current_database(), inet_server_port()"
 _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
-class PostgresStore(Store):
+def _one(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Row | None:
+    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
+
+
+def _all(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Row]:
+    return list(conn.cursor(row_factory=dict_row).execute(query, params).fetchall())
+
+
+class PostgresStore(ServerStore[psycopg.Connection[Any], Connections]):
     """Lease store on PostgreSQL (``postgresql://user@host:port/db``).
 
     URL options besides libpq's own: ``schema`` (default ``public``), ``pool_max`` (default 4
@@ -74,6 +79,10 @@ class PostgresStore(Store):
     """
 
     carries_finish = True  # finish_and_claim: one statement, one commit
+    dialect = "postgres"
+    which_database = _WHICH_DATABASE
+    server_called = "port"
+    other_dialect = ", not this store's"
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         self.url = url
@@ -116,28 +125,12 @@ class PostgresStore(Store):
 
     def _prepare(self) -> None:
         """The queries for ``self.schema`` and no connection yet (made in the first use)."""
-        self._app_databases = CheckedConnections()
         self._q = schema_queries(self.schema)
         self._q.update(find_queries(self._q))
         self._q["finish_and_claim"] = carrying_claim(self._q["finish"], self._q["claim"])
-        self._connections: PerProcess[Connections] = PerProcess()
-        self._lock = threading.Lock()
+        self._no_connections_yet()
 
     # -- connections ------------------------------------------------------------------------
-
-    def _connect_error(self, exc: Exception) -> StoreError:
-        return StoreError(f"postgres lease store at {self._where}: {exc}".strip())
-
-    def _get_connections(self) -> Connections:
-        connections = self._connections.get()
-        if connections is not None:
-            return connections
-        with self._lock:
-            connections = self._connections.get()
-            if connections is None:
-                connections = self._open_connections()
-                self._connections.set(connections)
-            return connections
 
     def _open_connections(self) -> Connections:
         """This process's connections, the schema made (or checked) on the first one."""
@@ -146,7 +139,7 @@ class PostgresStore(Store):
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise self._connect_error(exc) from exc
+            raise self._error(exc) from exc
         try:
             with conn.transaction():
                 create_schema(conn, self._q, self.schema,
@@ -154,17 +147,11 @@ class PostgresStore(Store):
         except BaseException as exc:
             conn.close()
             if isinstance(exc, psycopg.Error):
-                raise self._connect_error(exc) from exc
+                raise self._error(exc) from exc
             raise
         connections = Connections(self._conninfo, max_size=self.pool_max)
         connections.adopt(conn)  # the first statement needs no second connect
         return connections
-
-    def close(self) -> None:
-        with self._lock:
-            connections = self._connections.take()
-            if connections is not None:
-                connections.close()
 
     def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
              if_resent: Callable[[_T], _T] | None = None,
@@ -202,31 +189,22 @@ class PostgresStore(Store):
             except (psycopg.OperationalError, NoConnection) as exc:
                 maybe_sent = maybe_sent or isinstance(exc, psycopg.OperationalError)
                 attempt += 1
-                spent = max(waited, time.perf_counter() - started)
-                if spent >= self.reconnect_timeout:
-                    raise self._connect_error(exc) from exc
+                pause = self._retry_pause(exc, attempt, started, waited)
                 logger.warning("postgres lease store at %s: %s; reconnecting", self._where, exc)
-                pause = min(self.reconnect_timeout - spent,
-                            random.uniform(0.01, min(1.0, 0.05 * 2 ** min(attempt, 5))))
                 time.sleep(pause)
                 waited += pause
             except psycopg.Error as exc:
                 raise StoreError(f"postgres lease store at {self._where}: {exc}") from exc
 
-    def _params(self, **params: Any) -> dict[str, Any]:
-        params["now"] = self._clock() if self._clock is not None else None
-        return params
+    _fetch_one = staticmethod(_one)
+    _fetch_all = staticmethod(_all)
 
-    def _row(self, query: str, params: dict[str, Any]) -> Row | None:
-        """One row of ``query`` by column name (None if none), on a connection of its own."""
-        return self._run(lambda conn: _one(conn, self._q[query], params))
+    @staticmethod
+    def _matches(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> bool:
+        return conn.execute(query, params).fetchone() is not None
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[Row]:
-        return self._run(lambda conn: _all(conn, self._q[query], params))
-
-    def _returns_row(self, query: str, **params: Any) -> bool:
-        return self._run(lambda conn: conn.execute(
-            self._q[query], self._params(**params)).fetchone()) is not None
+    def _database_of(self, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+        return tuple(conn.execute(_WHICH_DATABASE).fetchone() or ())
 
     # -- primitives (Store checks and decodes; these only talk to the server) ---------------
 
@@ -301,9 +279,6 @@ class PostgresStore(Store):
                               change_rate="set_rate" in changes)
         self._run(lambda conn: conn.execute(self._q["limit_set"], params))
 
-    def _limits(self, group: str | None, limit: int) -> list[Row]:
-        return self._rows("limits_list", self._params(grp=group, limit=limit))
-
     def _record_published(self, key: str, task: str, countdown: float) -> bool:
         params = self._params(key=key, task=task, countdown=countdown)
 
@@ -322,35 +297,6 @@ class PostgresStore(Store):
             tokens=[lease.token for lease in leases]))
         renewed = {(row["key"], row["owner"], int(row["token"])): row for row in rows}
         return [renewed.get((lease.key, lease.owner, lease.token)) for lease in leases]
-
-    def _finish(self, lease: Lease, result: str, settle_within: float | None) -> bool:
-        return self._fenced_write("finish", lease, LeaseState.DONE, result=result,
-                                  settle_within=settle_within)
-
-    def _release(self, lease: Lease, delay: float, reason: str | None, task: str | None,
-                 counted: bool) -> bool:
-        return self._fenced_write("release", lease, LeaseState.READY, delay=delay,
-                                  reason=reason, task=task, given_back=0 if counted else 1)
-
-    def _kill(self, lease: Lease, reason: str, settle_within: float | None,
-              error: str | None) -> bool:
-        return self._fenced_write("kill", lease, LeaseState.DEAD, reason=reason,
-                                  settle_within=settle_within, error=error)
-
-    def _fenced_write(self, query: str, lease: Lease, state: LeaseState, **params: Any) -> bool:
-        """A fenced write; a refusal of a re-sent copy is checked against the row."""
-        bound = self._params(**fence_params(lease), **params)
-
-        def write(conn: psycopg.Connection[Any]) -> bool:
-            return conn.execute(self._q[query], bound).fetchone() is not None
-
-        def check(ok: bool) -> bool:
-            return ok or self.settled_by(lease, state)
-
-        return self._run(write, if_resent=check)
-
-    def _checkpoint(self, lease: Lease, data: str) -> bool:
-        return self._returns_row("checkpoint", checkpoint=data, **fence_params(lease))
 
     def _settle_many(self, leases: Sequence[Lease]) -> list[bool]:
         bound = self._params(keys=[lease.key for lease in leases],
@@ -385,31 +331,12 @@ class PostgresStore(Store):
     def _cancel(self, key: str, reason: str) -> bool:
         # Re-sent after a lost reply, the cancel finds its own effect (a dead or cancelling
         # row): answered False then, which only under-reports; the row is as asked.
-        return self._returns_row("cancel", key=key, reason=reason)
-
-    def _force_release(self, key: str, reason: str) -> bool:
-        return self._returns_row("force_release", key=key, reason=reason)
-
-    def _requeue(self, key: str, reason: str) -> bool:
-        return self._returns_row("requeue", key=key, reason=reason)
-
-    def _purge(self, key: str) -> bool:
-        return self._returns_row("purge", key=key)
+        return self._matched("cancel", key=key, reason=reason)
 
     def _purge_older_than(self, seconds: float, limit: int | None) -> int:
         # Small statements: no row lock is held for a whole table's worth.
         return purge_in_batches(lambda size: len(self._run(lambda conn: conn.execute(
             self._q["purge_old"], self._params(seconds=seconds, limit=size)).fetchall())), limit)
-
-    def _get(self, key: str) -> Row | None:
-        return self._row("get", {"key": key})
-
-    def _find(self, state: LeaseState | None, prefix: str | None, owner: str | None,
-              limit: int) -> list[Row]:
-        return self._rows(find_query(state), {"prefix": prefix, "owner": owner, "limit": limit})
-
-    def _stats(self) -> list[Row]:
-        return self._rows("stats", self._params())
 
     def _sweep_expired(self, limit: int, grace: float, nonce: str) -> list[str]:
         params = self._params(limit=limit, grace=grace, nonce=nonce)
@@ -423,19 +350,12 @@ class PostgresStore(Store):
 
         return [key for (key,) in self._run(sweep, if_resent=swept_already)]
 
-    def _sweep_unmark(self, key: str, token: int) -> bool:
-        return self._returns_row("sweep_unmark", key=key, token=token)
-
     def _record_history_many(self, entries: list[HistoryEntry]) -> None:
         columns = {"keys": [e.key for e in entries], "ats": [e.at for e in entries],
                    "events": [e.event for e in entries], "owners": [e.owner for e in entries],
                    "tokens": [e.token for e in entries], "fences": [e.fence for e in entries],
                    "details": [e.detail for e in entries]}
         self._run(lambda conn: conn.execute(self._q["history_insert_many"], columns))
-
-    def _history(self, key: str, limit: int) -> list[HistoryEntry]:
-        return [HistoryEntry(**row)
-                for row in self._rows("history_of", {"key": key, "limit": limit})]
 
     def _history_many(self, keys: list[str], limit: int) -> dict[str, list[HistoryEntry]]:
         return grouped(HistoryEntry(**row)
@@ -449,63 +369,28 @@ class PostgresStore(Store):
         return int(self._run(lambda conn: conn.execute(
             self._q["history_prune"], {"cutoff": cutoff, "limit": limit}).rowcount))
 
-    def now(self) -> float:
-        if self._clock is not None:
-            return self._clock()
-        row = self._run(lambda conn: conn.execute(self._q["now"], {"now": None}).fetchone())
+    def _at(self, conn: psycopg.Connection[Any]) -> float:
+        row = conn.execute(self._q["now"], {"now": None}).fetchone()
         assert row is not None
         return float(row[0])
 
     # -- effect receipts --------------------------------------------------------------------
 
     def _effect_insert(self, key: str, fingerprint: str, lease: Lease | None) -> bool | None:
-        return self._returns_row("effect_insert", key=key, fingerprint=fingerprint,
-                                 **lease_params(lease)) or self._still_current(lease)
+        return self._matched("effect_insert", key=key, fingerprint=fingerprint,
+                             **lease_params(lease)) or self._still_current(lease)
 
     def _effect_restart(self, key: str, version: int, lease: Lease | None) -> bool | None:
-        return self._returns_row("effect_restart", key=key, version=version,
-                                 **lease_params(lease)) or self._still_current(lease)
+        return self._matched("effect_restart", key=key, version=version,
+                             **lease_params(lease)) or self._still_current(lease)
 
     def _still_current(self, lease: Lease | None) -> bool | None:
         """After a refused receipt write: False if its lease is current, None if not."""
-        if lease is not None and not self._returns_row("is_current", **fence_params(lease)):
+        if lease is not None and not self._matched("is_current", **fence_params(lease)):
             return None
         return False
 
-    def _effect_get(self, key: str) -> Row | None:
-        return self._row("effect_get", {"key": key})
-
-    def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
-        return self._rows("effect_find", {"state": None if state is None else state.value,
-                                          "limit": limit})
-
-    def _effect_update(self, key: str, version: int, state: EffectState,
-                       result: str | None) -> bool:
-        return self._returns_row("effect_update", key=key, version=version, state=state.value,
-                                 result=result)
-
-    def _effect_delete(self, key: str, version: int) -> bool:
-        return self._returns_row("effect_delete", key=key, version=version)
-
     # -- in the app's transaction (Store.lock_in, finish_in, record_published_in) ------------
-
-    def _check_app_database(self, conn: AppConnection) -> None:
-        if conn.dialect != "postgres":
-            raise ConfigError(f"postgres lease store at {self._where}: the app's connection is "
-                              f"to a {conn.dialect} database, not this store's")
-        if conn in self._app_databases:
-            return  # checked on this connection before
-        here = self._run(lambda own: tuple(own.execute(_WHICH_DATABASE).fetchone() or ()))
-        there = tuple(conn.execute(_WHICH_DATABASE, {})[0])
-        if here != there:
-            raise ConfigError(f"postgres lease store at {self._where}: the app's connection "
-                              f"reaches database {there[0]!r} (port {there[1]}), but the store "
-                              f"is in {here[0]!r} (port {here[1]}); the lease can only join a "
-                              "transaction on its own database")
-        self._app_databases.add(conn)
-
-    def _app_lock(self, conn: AppConnection, lease: Lease) -> bool:
-        return bool(conn.execute(self._q["lock_current"], self._params(**fence_params(lease))))
 
     def _app_finish(self, conn: AppConnection, lease: Lease, result: str,
                     settle_within: float | None) -> bool:
@@ -533,7 +418,7 @@ class PostgresStore(Store):
                 yield conn
                 self._verify(conn, lease, params, "at commit")
         except (psycopg.OperationalError, NoConnection) as exc:
-            raise self._connect_error(exc) from exc
+            raise self._error(exc) from exc
 
     def _verify(self, conn: psycopg.Connection[Any], lease: Lease, params: dict[str, Any],
                 when: str) -> None:
@@ -634,11 +519,3 @@ def _statement(sql: str) -> str:
 def _libpq_options() -> frozenset[str]:
     """The connection parameters the libpq in use knows (a newer libpq knows more)."""
     return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
-
-
-def _one(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> Row | None:
-    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
-
-
-def _all(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[Row]:
-    return list(conn.cursor(row_factory=dict_row).execute(query, params).fetchall())

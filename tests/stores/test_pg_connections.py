@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from lease_celery import open_store
-from lease_celery.stores import pg_connections
+from lease_celery.stores import connection_list, pg_connections
 from lease_celery.stores.pg_connections import Connections, NoConnection
 from tests.support.servers import PG_DSN
 
@@ -93,7 +93,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_without_an_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A backend terminated while its connection sat idle (the server's idle timeout, a
     restart) is noticed before use, and the statement runs on a new one: no error, no retry."""
-    monkeypatch.setattr(pg_connections, "CHECK_IDLE_AFTER", 0.0)
+    monkeypatch.setattr(connection_list, "CHECK_IDLE_AFTER", 0.0)
     connections = Connections(PG_DSN, max_size=2)
     try:
         conn = connections.take(1.0)
@@ -150,7 +150,7 @@ def test_a_healthy_idle_connection_above_descriptor_1024_is_kept(
     if hard != resource.RLIM_INFINITY and hard < 2048:
         pytest.skip(f"this process may open at most {hard} descriptors")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
-    monkeypatch.setattr(pg_connections, "CHECK_IDLE_AFTER", 0.0)
+    monkeypatch.setattr(connection_list, "CHECK_IDLE_AFTER", 0.0)
     pipes = [os.pipe() for _ in range(520)]  # 1,040 descriptors
     connections = Connections(PG_DSN, max_size=1)
     try:
