@@ -7,7 +7,7 @@ final token, none for a key not done, and every other check at 0.
 The run sets Django up in its own processes with the harness's project
 (``benchmarks/chaos/djapp``, a schema of the run's own), not this test process's; it is here
 because this is the pytest that runs with Django installed. .ci/run runs it on Django 5.2 only
-(the latest Django's run leaves it out with ``-k "not test_chaos_run"``): its models and the
+(the latest Django's run leaves it out, ``--ignore``): its models and the
 store's statements do not depend on Django's version. Its figures at full size are in
 docs/proof.md; its checks on doctored histories in tests/workers/test_chaos_tx.py.
 """
