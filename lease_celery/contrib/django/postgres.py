@@ -87,5 +87,5 @@ class DjangoPostgresStore(PostgresStore):
             # is the store's error, which the task's gate defers as an outage; the driver's
             # error would fail the task and leave its key without a row.
             connections.close()
-            raise self._connect_error(exc) from exc
+            raise self._error(exc) from exc
         return connections
