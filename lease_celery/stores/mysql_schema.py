@@ -19,7 +19,7 @@ __all__ = ["MIGRATIONS", "dialect_queries", "make_schema", "stored_schema_versio
 #: Schema version -> the statements (query names) that bring a store at the previous version
 #: to it. The MySQL store was born at schema 7 (``sql_glue.SCHEMA_VERSION``): a later version
 #: adds its step here, run in order from the version a database has.
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {8: ("migrate_effects_state_index",)}
 
 _CREATE = ("create_leases", "create_fence", "create_history", "create_effects", "create_meta",
            "create_limits", "create_waiters")
@@ -65,8 +65,11 @@ def make_schema(conn: Any, queries: dict[str, str], where: str) -> None:
                 return  # no DDL: it would wait for running workers' metadata locks
             for name in _CREATE:
                 cur.execute(queries[name])
-            for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION + 1):
-                for name in MIGRATIONS.get(step, ()) if version is not None else ():
+            # A new store's tables are made whole by _CREATE; an older one's take the steps
+            # after its version.
+            for step in range(SCHEMA_VERSION + 1 if version is None else version + 1,
+                              SCHEMA_VERSION + 1):
+                for name in MIGRATIONS.get(step, ()):
                     cur.execute(queries[name])
             for name in _TRIGGERS:
                 cur.execute(queries[name])

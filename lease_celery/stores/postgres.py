@@ -464,7 +464,7 @@ def create_schema(conn: Executes, queries: dict[str, str], schema: str, where: s
                  "create_terminal_index", "create_history_function", "create_history_on_claim",
                  "create_history_on_transition", "create_slots_index", "create_live_index",
                  "create_dead_index", "create_waiters_order_index",
-                 "create_claim_limited_function"):
+                 "create_claim_limited_function", "create_effects_state_index"):
         conn.execute(queries[name])
     conn.execute(queries["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 

@@ -23,7 +23,7 @@ from ..errors import ConfigError, StoreError
 from ..models import EffectState, HistoryEntry, Lease, LeaseState
 from .base import Clock, Row, Store, fence_params
 from .connection_list import ConnectionList
-from .sql_glue import PerProcess, find_query
+from .sql_glue import PerProcess, effect_find_query, find_query
 
 __all__ = ["ServerStore"]
 
@@ -223,8 +223,8 @@ class ServerStore(Store, Generic[_C, _L]):
         return self._row("effect_get", {"key": key})
 
     def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
-        return self._rows("effect_find", {"state": None if state is None else state.value,
-                                          "limit": limit})
+        return self._rows(effect_find_query(state),
+                          {"state": None if state is None else state.value, "limit": limit})
 
     def _effect_update(self, key: str, version: int, state: EffectState,
                        result: str | None) -> bool:

@@ -8,19 +8,19 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from ..errors import StoreError
-from ..models import HistoryEntry, LeaseState
+from ..models import EffectState, HistoryEntry, LeaseState
 from .base import PURGE_BATCH
 
-__all__ = ["FIND_ARMS", "SCHEMA_VERSION", "PerProcess", "check_schema_version", "find_queries",
-           "find_query", "grouped", "purge_in_batches"]
+__all__ = ["FIND_ARMS", "SCHEMA_VERSION", "PerProcess", "check_schema_version",
+           "effect_find_query", "find_queries", "find_query", "grouped", "purge_in_batches"]
 
 #: The schema both SQL stores create and migrate to (see their ``_migrate``/``migrate_*``):
 #: 1 leases and effects; 2 the settle phase and the sweeper's index; 3 checkpoints and
 #: cancellation; 4 the history table; 5 the store writes each transition into it itself
 #: (triggers); 6 key-group limits (the groups' and the waiters' tables, each lease's group and
-#: slot); 7 the live and dead rows' indexes for the operator's reads. Every step only adds: no
-#: row is rewritten but schema 1's.
-SCHEMA_VERSION = 7
+#: slot); 7 the live and dead rows' indexes for the operator's reads; 8 the receipts' state
+#: index (the reconcile queue). Every step only adds: no row is rewritten but schema 1's.
+SCHEMA_VERSION = 8
 
 _T = TypeVar("_T")
 
@@ -56,6 +56,12 @@ def find_queries(queries: dict[str, str]) -> dict[str, str]:
                                .replace("{running}", arm(FIND_ARMS[LeaseState.RUNNING]))
                                .replace("{settled}", arm(_SETTLED)))
     return found
+
+
+def effect_find_query(state: EffectState | None) -> str:
+    """The name of effects.find()'s statement for ``state`` (None: any): one state's is a
+    statement of its own, a range of the receipts' state index (schema 8)."""
+    return "effect_find_any" if state is None else "effect_find"
 
 
 #: Connections and pools made before fork(): the parent's, never used or closed by a child

@@ -42,6 +42,7 @@ from .sql_glue import (
     SCHEMA_VERSION,
     PerProcess,
     check_schema_version,
+    effect_find_query,
     find_queries,
     find_query,
     grouped,
@@ -85,7 +86,7 @@ def create_schema(conn: sqlite3.Connection, where: str) -> None:
     if row is not None and int(row[0]) < SCHEMA_VERSION:
         _migrate(conn, from_version=int(row[0]))
     for name in ("create_sweep_index", "create_terminal_index", "create_slots_index",
-                 "create_live_index", "create_dead_index"):
+                 "create_live_index", "create_dead_index", "create_effects_state_index"):
         conn.execute(_Q[name])
     if row is None or int(row[0]) != SCHEMA_VERSION:
         conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
@@ -571,7 +572,7 @@ class SQLiteStore(Store):
     def _effect_find(self, state: EffectState | None, limit: int) -> list[Row]:
         params = {"state": None if state is None else state.value, "limit": limit}
         return [dict(row) for row in self._read(
-            lambda conn: conn.execute(_Q["effect_find"], params).fetchall())]
+            lambda conn: conn.execute(_Q[effect_find_query(state)], params).fetchall())]
 
     def _effect_update(self, key: str, version: int, state: EffectState,
                        result: str | None) -> bool:

@@ -13,9 +13,15 @@ from typing import Any
 
 import pytest
 
-from lease_celery import LeaseState, Store, open_store
-from lease_celery.stores.sql_glue import find_query
-from tests.stores.test_sql_operator_reads import STATES, _check_answers
+from lease_celery import EffectState, LeaseState, Store, open_store
+from lease_celery.stores.sql_glue import effect_find_query, find_query
+from tests.stores.test_sql_operator_reads import (
+    RECEIPT_STATE,
+    RECEIPTS,
+    STATES,
+    _check_answers,
+    _check_receipts,
+)
 from tests.support.mysql_databases import server_connection
 
 #: Settled rows written past the store (the sequence engine: ~0.1 s), so the optimizer plans
@@ -34,18 +40,25 @@ def store(mysql_url: str) -> Iterator[Store]:
 def settled(store: Store) -> Store:
     """The store, with SETTLED old done rows beside _check_answers' (the optimizer's
     statistics read afresh)."""
+    _write_past(store, "lease_celery_leases",
+                "INSERT INTO lease_celery_leases (`key`, state, owner, token, expires_at, "
+                "updated_at, result) SELECT CONCAT('old:', seq), 'done', 'w', 1, seq, seq, '1' "
+                f"FROM seq_1_to_{SETTLED}")
+    return store
+
+
+def _write_past(store: Store, table: str, insert: str) -> None:
+    """``insert`` run on the store's database, past the store, and the optimizer's statistics
+    of ``table`` read afresh."""
     conn = server_connection()
     try:
         with conn.cursor() as cur:
             cur.execute(f"USE `{store.database}`")  # type: ignore[attr-defined]
-            cur.execute("INSERT INTO lease_celery_leases (`key`, state, owner, token, "
-                        "expires_at, updated_at, result) SELECT CONCAT('old:', seq), 'done', "
-                        f"'w', 1, seq, seq, '1' FROM seq_1_to_{SETTLED}")
-            cur.execute("ANALYZE TABLE lease_celery_leases")
+            cur.execute(insert)
+            cur.execute(f"ANALYZE TABLE {table}")
             cur.fetchall()
     finally:
         conn.close()
-    return store
 
 
 def _explain(store: Store, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,6 +86,24 @@ def test_find_reads_use_the_state_index_and_answer_right(settled: Store) -> None
     for state in STATES:
         plan = _explain(settled, queries[find_query(state)], params)
         assert _uses_indexes(plan), (state, plan)
+
+
+def test_effect_find_reads_a_range_of_the_state_index(store: Store) -> None:
+    """effects.find(state) on a table of receipts: that state's range of the state index
+    (schema 8), read backwards, no filesort; before it, a rare state was looked for along the
+    whole updated_at index."""
+    _check_receipts(store)
+    _write_past(store, "lease_celery_effects",
+                "INSERT INTO lease_celery_effects (`key`, fingerprint, state, started_at, "
+                f"attempts, version, updated_at) SELECT CONCAT('old:', seq), 'f', "
+                f"{RECEIPT_STATE.format(i='seq')}, seq, 1, 1, seq FROM seq_1_to_{RECEIPTS}")
+    queries = store._q  # type: ignore[attr-defined]
+    for state in EffectState:
+        plan = _explain(store, queries[effect_find_query(state)],
+                        {"state": state.value, "limit": 100})
+        assert [(step["table"], step["key"]) for step in plan] == [
+            ("lease_celery_effects", "lease_celery_effects_state")], (state, plan)
+        assert "filesort" not in str(plan[0]["Extra"]), (state, plan)
 
 
 @pytest.mark.parametrize("query", ["stats", "sweep_candidates", "purge_old_candidates"])

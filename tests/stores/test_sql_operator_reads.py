@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import sqlite3
 
-from lease_celery import LeaseState, Store, open_store
+from lease_celery import EffectState, LeaseState, Store, open_store
 from lease_celery.stores import sqlite as sqlite_store
-from lease_celery.stores.sql_glue import find_query
+from lease_celery.stores.sql_glue import effect_find_query, find_query
 from tests.support.servers import PG_DSN
 
 STATES = [None, *LeaseState]
+
+#: Receipts written past the store, so the planner plans for a table of them (statistics read
+#: afresh): a busy store's, one in a thousand in the reconcile queue, one in a hundred in
+#: flight, the rest done. ``{i}``: the row's number in the dialect's series.
+RECEIPTS = 20_000
+RECEIPT_STATE = ("CASE WHEN {i} % 1000 = 0 THEN 'needs_reconciliation' "
+                 "WHEN {i} % 100 = 0 THEN 'in_flight' ELSE 'done' END")
 
 
 def _fill(store: Store) -> None:
@@ -42,6 +49,26 @@ def _check_answers(store: Store) -> None:
     assert [r.key for r in newest] == [r.key for r in everything[:3]]
     assert {r.key for r in store.find(prefix="dead", limit=10)} == {"dead0", "dead1"}
     assert store.stats().counts == {"ready": 2, "running": 2, "done": 2, "dead": 2}
+
+
+def _check_receipts(store: Store) -> None:
+    """effects.find() of each state answers that state's receipts, newest first (two in each,
+    written through the library)."""
+    for i in range(2):
+        for state in EffectState:
+            key = f"{state.value}{i}"
+            assert store.effect_insert(key, "f" * 64, None)
+            receipt = store.effect_get(key)
+            assert receipt is not None
+            if state is not EffectState.IN_FLIGHT:
+                assert store.effect_update(key, version=receipt.version, state=state,
+                                           result=None)
+    for state in EffectState:
+        found = store.effects.find(state, limit=10)
+        assert sorted(r.key for r in found) == [f"{state.value}0", f"{state.value}1"], state
+        times = [r.updated_at for r in found]
+        assert times == sorted(times, reverse=True), state
+    assert len(store.effects.find(limit=100)) == 6
 
 
 def test_sqlite_reads_use_the_partial_indexes_and_answer_right(tmp_path: object) -> None:
@@ -77,3 +104,43 @@ def test_postgres_finds_use_the_partial_indexes_and_answer_right(postgres_url: s
                 "EXPLAIN " + queries[find_query(state)], params))
             assert "Seq Scan" not in plan, (state, plan)
             assert "lease_celery_leases_" in plan, (state, plan)
+
+
+def test_sqlite_effect_find_reads_a_range_of_the_state_index(tmp_path: object) -> None:
+    """effects.find(state): that state's range of the receipts' state index (schema 8), in
+    its order; before it, the whole table read and sorted."""
+    path = f"{tmp_path}/receipts.sqlite3"
+    with open_store(f"sqlite:///{path}") as store:
+        _check_receipts(store)
+    conn = sqlite3.connect(path)
+    for state in EffectState:
+        steps = [row[3] for row in conn.execute(
+            "EXPLAIN QUERY PLAN " + sqlite_store._Q[effect_find_query(state)],
+            {"state": state.value, "limit": 100})]
+        # One step, and no "USE TEMP B-TREE FOR ORDER BY": the rows come in the index's order.
+        assert steps == [
+            "SEARCH lease_celery_effects USING INDEX lease_celery_effects_state (state=?)"], (
+            state, steps)
+
+
+def test_postgres_effect_find_reads_a_range_of_the_state_index(postgres_url: str) -> None:
+    """effects.find(state) on a table of receipts: that state's range of the state index,
+    read backwards (no sort), for the rare states and the common one alike."""
+    import psycopg
+
+    with open_store(postgres_url) as store:
+        _check_receipts(store)
+        queries = store._q  # type: ignore[attr-defined]
+    table = f'"{postgres_url.split("schema=")[1]}".lease_celery_effects'
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {table} (key, fingerprint, state, started_at, attempts, "
+                     f"version, updated_at) SELECT 'old:' || i, 'f', "
+                     f"{RECEIPT_STATE.format(i='i')}, i, 1, 1, i "
+                     f"FROM generate_series(1, {RECEIPTS}) AS i")
+        conn.execute(f"ANALYZE {table}")
+        for state in EffectState:
+            plan = "\n".join(row[0] for row in conn.execute(
+                "EXPLAIN " + queries[effect_find_query(state)],
+                {"state": state.value, "limit": 100}))
+            assert "Index Scan Backward using lease_celery_effects_state" in plan, (state, plan)
+            assert "Sort" not in plan, (state, plan)

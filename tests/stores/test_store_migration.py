@@ -1,16 +1,19 @@
-"""Opening a store written by schema 1 (before the settle phase) migrates it in place: rows
-keep their tokens and results, done rows count as settled, and rows the sweeper must watch are
-found by the new index."""
+"""Opening a store written by an older schema migrates it in place. Schema 1 (before the
+settle phase): rows keep their tokens and results, done rows count as settled, and rows the
+sweeper must watch are found by the new index. Schema 7 (before the receipts' state index), on
+every SQL store: the index is made and the receipts are kept."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from lease_celery import Lease, LeaseState, LimitRefused, open_store
+from lease_celery import EffectState, Lease, LeaseState, LimitRefused, open_store
 from lease_celery.limits import GroupLimit
 from lease_celery.stores.sql_glue import SCHEMA_VERSION
 from lease_celery.testing import ManualClock
@@ -92,11 +95,83 @@ def test_sqlite_schema_1_is_migrated(tmp_path: pytest.TempPathFactory) -> None:
     assert indexes >= MIGRATED_INDEXES, indexes
 
 
-#: The partial indexes every migrated store has: the sweeper's, retention's, the limit groups'
-#: (schema 6) and the operator reads' (schema 7).
+#: Schema 8's one addition (every step only adds): a store of schema 7 is a current one
+#: without it, and with version 7 recorded.
+STATE_INDEX = "lease_celery_effects_state"
+
+#: The indexes every migrated store has: the sweeper's, retention's, the limit groups'
+#: (schema 6), the operator reads' (schema 7) and the receipts' state index (schema 8).
 MIGRATED_INDEXES = {"lease_celery_leases_sweep", "lease_celery_leases_terminal",
                     "lease_celery_leases_slots", "lease_celery_leases_live",
-                    "lease_celery_leases_dead"}
+                    "lease_celery_leases_dead", STATE_INDEX}
+
+
+def check_schema_7_migrated(url: str, run: Callable[[str], list[Any]], *, drop_index: str,
+                            list_indexes: str) -> None:
+    """A store of schema 7 with a receipt in the reconcile queue, opened by this lease_celery:
+    migrated in place (the state index made, version 8 recorded), the receipt kept and found
+    by its state. ``run``: a statement on the store's database, its rows back."""
+    with open_store(url) as store:
+        assert store.effect_insert("queued", "f" * 64, None)
+        receipt = store.effect_get("queued")
+        assert receipt is not None and store.effect_update(
+            "queued", version=receipt.version, state=EffectState.NEEDS_RECONCILIATION,
+            result=None)
+    run(drop_index)
+    run("UPDATE lease_celery_meta SET value = '7' WHERE name = 'schema_version'")
+    assert STATE_INDEX not in {row[0] for row in run(list_indexes)}
+    with open_store(url) as store:
+        queue = store.effects.find(EffectState.NEEDS_RECONCILIATION)
+        assert [(r.key, r.version) for r in queue] == [("queued", receipt.version + 1)]
+    assert STATE_INDEX in {row[0] for row in run(list_indexes)}
+    assert run("SELECT value FROM lease_celery_meta WHERE name = 'schema_version'") == [
+        (str(SCHEMA_VERSION),)]
+
+
+def test_sqlite_schema_7_is_migrated(sqlite_url: str) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+
+    def run(statement: str) -> list[Any]:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            return conn.execute(statement).fetchall()
+
+    check_schema_7_migrated(sqlite_url, run, drop_index=f"DROP INDEX {STATE_INDEX}",
+                            list_indexes="SELECT name FROM sqlite_master WHERE type = 'index'")
+
+
+def test_postgres_schema_7_is_migrated(postgres_url: str) -> None:
+    import psycopg
+
+    schema = postgres_url.split("schema=")[1]
+
+    def run(statement: str) -> list[Any]:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    check_schema_7_migrated(
+        postgres_url, run, drop_index=f"DROP INDEX {STATE_INDEX}",
+        list_indexes="SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+
+
+def test_mysql_schema_7_is_migrated(mysql_url: str) -> None:
+    from tests.support.mysql_databases import server_connection
+
+    def run(statement: str) -> list[Any]:
+        conn = server_connection()
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(f"USE `{mysql_url.rsplit('/', 1)[1]}`")
+                cursor.execute(statement)
+                return list(cursor.fetchall())
+        finally:
+            conn.close()
+
+    check_schema_7_migrated(
+        mysql_url, run, drop_index=f"DROP INDEX {STATE_INDEX} ON lease_celery_effects",
+        list_indexes="SELECT index_name FROM information_schema.statistics "
+                     "WHERE table_schema = DATABASE()")
 
 
 @pytest.fixture

@@ -191,7 +191,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                       "contrib.django.paginator", "contrib.django.actions",
                       "contrib.django.admin", "contrib.django.task",
                       "contrib.django.transactions",
-                      "contrib.django.migrations", "contrib.django.migrations.0001_initial"}),
+                      "contrib.django.migrations", "contrib.django.migrations.0001_initial",
+                      "contrib.django.migrations.0002_receipts_state_index"}),
 ]
 
 #: The one import that points up, and why: LeasedTask is the only hook lease_celery has into

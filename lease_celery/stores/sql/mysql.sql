@@ -168,6 +168,8 @@ JOIN (SELECT id FROM lease_celery_history ORDER BY id LIMIT %(limit)s) AS first 
 WHERE h.at < %(cutoff)s
 
 -- name: create_effects
+-- lease_celery_effects_state (schema 8): the receipts of one state (the reconcile queue) are a
+-- range of it, newest first; without it a rare state was found by reading every receipt.
 CREATE TABLE IF NOT EXISTS lease_celery_effects (
     `key`        VARCHAR(512)  NOT NULL PRIMARY KEY,
     fingerprint  TEXT          NOT NULL,
@@ -181,8 +183,14 @@ CREATE TABLE IF NOT EXISTS lease_celery_effects (
     result       LONGTEXT,
     version      BIGINT        NOT NULL,
     updated_at   DOUBLE        NOT NULL,
-    KEY lease_celery_effects_updated (updated_at)
+    KEY lease_celery_effects_updated (updated_at),
+    KEY lease_celery_effects_state (state, updated_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = {collation}
+
+-- name: migrate_effects_state_index
+-- Schema 7 -> 8: the state index create_effects now makes.
+CREATE INDEX IF NOT EXISTS lease_celery_effects_state ON lease_celery_effects
+(state, updated_at)
 
 -- name: create_meta
 CREATE TABLE IF NOT EXISTS lease_celery_meta (
@@ -572,9 +580,17 @@ SELECT `key`, fingerprint, state, lease_key, lease_token, lease_owner, started_a
 FROM lease_celery_effects WHERE `key` = %(key)s
 
 -- name: effect_find
+-- One state, newest first: a range of the state index read backwards.
 SELECT `key`, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
        result, version, updated_at
-FROM lease_celery_effects WHERE %(state)s IS NULL OR state = %(state)s
+FROM lease_celery_effects WHERE state = %(state)s
+ORDER BY updated_at DESC LIMIT %(limit)s
+
+-- name: effect_find_any
+-- Every state, newest first: the updated_at index read backwards.
+SELECT `key`, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM lease_celery_effects
 ORDER BY updated_at DESC LIMIT %(limit)s
 
 -- name: effect_update

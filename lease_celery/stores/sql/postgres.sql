@@ -83,6 +83,13 @@ CREATE INDEX IF NOT EXISTS lease_celery_leases_live ON {schema}.lease_celery_lea
 CREATE INDEX IF NOT EXISTS lease_celery_leases_dead ON {schema}.lease_celery_leases (updated_at)
 WHERE state = 'dead'
 
+-- name: create_effects_state_index
+-- Schema 8: the receipts of one state (the reconcile queue: effect_find, the Django admin's
+-- state filter) are a range of this, newest first; without it a rare state was found by
+-- reading every receipt.
+CREATE INDEX IF NOT EXISTS lease_celery_effects_state ON {schema}.lease_celery_effects
+(state, updated_at)
+
 -- name: create_slots_index
 -- Schema 6: a group's running count reads only its running rows (lease_celery.limits).
 CREATE INDEX IF NOT EXISTS lease_celery_leases_slots ON {schema}.lease_celery_leases
@@ -851,10 +858,20 @@ SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at,
 FROM {schema}.lease_celery_effects WHERE key = %(key)s
 
 -- name: effect_find
--- Operators' listing (the reconciliation queue), newest first.
+-- Operators' listing of one state (the reconciliation queue), newest first: a range of the
+-- state index read backwards. A statement of its own, apart from effect_find_any: planned
+-- without the parameter's value (a prepared statement's generic plan), one statement for both,
+-- "the parameter IS NULL OR state = the parameter", reads the whole table.
 SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
        result, version, updated_at
-FROM {schema}.lease_celery_effects WHERE %(state)s::text IS NULL OR state = %(state)s::text
+FROM {schema}.lease_celery_effects WHERE state = %(state)s::text
+ORDER BY updated_at DESC LIMIT %(limit)s
+
+-- name: effect_find_any
+-- Receipts of every state, newest first.
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM {schema}.lease_celery_effects
 ORDER BY updated_at DESC LIMIT %(limit)s
 
 -- name: effect_update

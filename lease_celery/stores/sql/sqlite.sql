@@ -59,6 +59,13 @@ WHERE state IN ('ready', 'running')
 CREATE INDEX IF NOT EXISTS lease_celery_leases_dead ON lease_celery_leases (updated_at)
 WHERE state = 'dead'
 
+-- name: create_effects_state_index
+-- Schema 8: the receipts of one state (the reconcile queue: effect_find, the Django admin's
+-- state filter) are a range of this, newest first; without it a rare state was found by
+-- reading every receipt.
+CREATE INDEX IF NOT EXISTS lease_celery_effects_state ON lease_celery_effects
+(state, updated_at)
+
 -- name: table_columns
 SELECT name FROM pragma_table_info('lease_celery_leases')
 
@@ -662,10 +669,20 @@ SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at,
 FROM lease_celery_effects WHERE key = :key
 
 -- name: effect_find
--- Operators' listing (the reconciliation queue), newest first.
+-- Operators' listing of one state (the reconciliation queue), newest first: a range of the
+-- state index read backwards. A statement of its own, apart from effect_find_any: SQLite plans
+-- a statement before its parameters are bound, so one statement for both, "the parameter IS
+-- NULL OR state = the parameter", read the whole table.
 SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
        result, version, updated_at
-FROM lease_celery_effects WHERE :state IS NULL OR state = :state
+FROM lease_celery_effects WHERE state = :state
+ORDER BY updated_at DESC LIMIT :limit
+
+-- name: effect_find_any
+-- Receipts of every state, newest first.
+SELECT key, fingerprint, state, lease_key, lease_token, lease_owner, started_at, attempts,
+       result, version, updated_at
+FROM lease_celery_effects
 ORDER BY updated_at DESC LIMIT :limit
 
 -- name: effect_update
