@@ -91,6 +91,21 @@ class StoreAdmin(admin.ModelAdmin):
         return bool(request.user.has_perm(f"lease_celery.{codename}"))
 
 
+class ByState(StoreAdmin):
+    """A list with a state filter (leases, receipts): by key, the primary key's order,
+    until a state is picked; then the newest first, the order of an index of that state by
+    updated_at (the leases' partial ones, the receipts' state index), so that a page reads
+    its own rows and no others. In key order a state has two costly plans: the primary key
+    walked until a page of the state's rows turns up (a rare state: the whole table), or all
+    of the state's rows read from its index and sorted (a common one)."""
+
+    list_filter = ("state",)
+    ordering = ("key",)
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        return ("-updated_at",) if "state__exact" in request.GET else self.ordering
+
+
 def _lease_said(done: Done) -> str:
     what = {"release": "released (ready again; its holder's result will be refused)",
             "cancel": "cancelled", "requeue": f"requeued ({done.outcome})"}[done.action]
@@ -98,13 +113,11 @@ def _lease_said(done: Done) -> str:
 
 
 @admin.register(Lease)
-class LeaseAdmin(StoreAdmin):
+class LeaseAdmin(ByState):
     list_display = ("key", "state", "owner", "token", "attempts", "expires", "updated",
                     "reason", "history")
-    list_filter = ("state",)
     search_fields = ("key",)  # (the search box; get_search_results reads the key's range)
     search_help_text = "keys starting with"
-    ordering = ("key",)
     actions = ("release", "requeue", "cancel")
     readonly_fields = ("key", "state", "owner", "token", "fence", "attempts", "takeovers",
                        "expires", "updated", "not_before", "reason", "cancel", "grp",
@@ -114,10 +127,6 @@ class LeaseAdmin(StoreAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # 'purged' rows are tombstones that keep a purged key's token: no lease to show.
         return super().get_queryset(request).exclude(state="purged")
-
-    def get_ordering(self, request: HttpRequest) -> Any:
-        # Filtered by state: the newest first, read from that state's partial index.
-        return ("-updated_at",) if "state__exact" in request.GET else ("key",)
 
     @admin.display(description="expires", ordering="expires_at")
     def expires(self, obj: Lease) -> str:
@@ -182,13 +191,11 @@ def _receipt_said(done: Done) -> str:
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(StoreAdmin):
+class ReceiptAdmin(ByState):
     list_display = ("key", "state", "lease_key", "lease_token", "attempts", "started",
                     "updated")
-    list_filter = ("state",)
     search_fields = ("key",)
     search_help_text = "receipt keys starting with"
-    ordering = ("key",)
     actions = ("resolve", "discard")
     readonly_fields = ("key", "state", "fingerprint", "lease_key", "lease_token",
                        "lease_owner", "attempts", "started", "updated", "result")
