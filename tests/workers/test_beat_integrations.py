@@ -158,12 +158,17 @@ def _assert_ticks_ran_twice(rig: IntegrationRig, entry: str) -> None:
     """Plain Celery sends: no slot, a fresh id per copy, every copy runs, and several
     seconds had two runs of the 1 s entry."""
     sends = rig.journal.events("sent", entry=entry)
+    sent_at = {s["task_id"]: s["t"] for s in sends}
     runs = rig.journal.events("run", entry=entry)
     assert {s["slot"] for s in sends} == {SLOT}
-    assert len({s["task_id"] for s in sends}) == len(sends)
-    assert sorted(r["task_id"] for r in runs) == sorted(s["task_id"] for s in sends)
-    sent_at = {s["task_id"]: s["t"] for s in sends}
-    per_second = Counter(int(sent_at[r["task_id"]]) for r in runs)
+    assert len(sent_at) == len(sends)
+    # Every copy sent ran, once. A beat is stopped (SIGTERM) right after a send: its last
+    # copy may be published and run with its "sent" entry never written (the entry follows
+    # the publish), so at most one run per beat has no entry (seen once in CI).
+    ran = [r["task_id"] for r in runs if r["task_id"] in sent_at]
+    assert sorted(ran) == sorted(sent_at)
+    assert len(runs) - len(ran) <= 2, [r for r in runs if r["task_id"] not in sent_at]  # 2 beats
+    per_second = Counter(int(sent_at[task_id]) for task_id in ran)
     twice = sum(1 for n in per_second.values() if n > 1)
     assert twice >= 3, sorted(per_second.items())
     print(f"{entry}: {len(sends)} sends, {len(runs)} runs over {len(per_second)} seconds, "
