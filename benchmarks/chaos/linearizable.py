@@ -144,8 +144,16 @@ def explain(calls: list[Call], end: tuple[str, int] | None = None) -> bool:
     tokens = [int(c.answer[0]) for c in calls
               if c.known and c.op == "claim" and isinstance(c.answer, list)]
     tokens += [int(c.token) for c in calls if c.token is not None]
-    first_token = min(tokens) if tokens else 1
-    # Answers are recorded relative to the key's first token (see the module's docstring).
+    lowest_told = min(tokens) if tokens else 1
+    # Tokens are judged relative to the key's first (see the module's docstring). The lowest
+    # token told is that first one, unless claims whose answer never came back took tokens
+    # below it: each such claim may have taken one.
+    untold = sum(1 for c in calls if c.op == "claim" and not c.known)
+    return any(_explain_from(calls, end, lowest_told - below) for below in range(untold + 1))
+
+
+def _explain_from(calls: list[Call], end: tuple[str, int] | None, first_token: int) -> bool:
+    """``explain``, the key's first token being ``first_token``."""
     calls = [dataclasses.replace(
         c, token=None if c.token is None else c.token - first_token + 1,
         answer=[int(c.answer[0]) - first_token + 1, c.answer[1]]

@@ -252,7 +252,21 @@ SETTLE_CALLS = _calls(
 )
 
 
-@pytest.mark.parametrize("calls", [GOOD_CALLS, SETTLE_CALLS], ids=["takeover", "settle"])
+#: From a real run (MySQL, CI, 2026-12-07; times shifted): the first claim's process was killed
+#: before its answer came back, yet the claim took the key (token 1), so a second claim was
+#: refused and a third took it over with token 2, the first token anyone was told. The judge
+#: once counted tokens from the first one told, so that token 2 read as the key's first.
+UNTOLD_FIRST_CALLS = _calls(
+    "job:j1",
+    (1.0, None, "claim", W1, None),
+    (1.6, 1.61, "claim", W2, None),
+    (3.6, 3.65, "claim", W2, [2, 5.6]),
+    (3.7, 3.71, "finish", T2, True),
+)
+
+
+@pytest.mark.parametrize("calls", [GOOD_CALLS, SETTLE_CALLS, UNTOLD_FIRST_CALLS],
+                         ids=["takeover", "settle", "untold-first-claim"])
 def test_a_history_the_model_explains_passes(calls: Callable[[History], None]) -> None:
     history = copy.deepcopy(clean_history())
     calls(history)
