@@ -181,22 +181,9 @@ class MySQLStore(ServerStore[Connection, Connections]):
 
     def _open_connections(self) -> Connections:
         """This process's connections, the schema made (or checked) on the first one."""
-        # Connect once directly first: a bad host, password or database fails here with the
-        # server's own message; the schema is made (or checked) once.
-        try:
-            conn = self._connect()
-        except pymysql.Error as exc:
-            raise self._error(exc) from exc
-        try:
-            self._prepare(conn)
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, pymysql.Error):
-                raise self._error(exc) from exc
-            raise
-        connections = Connections(self._connect, max_size=self.pool_max)
-        connections.adopt(conn)  # the first statement needs no second connect
-        return connections
+        return self._first_connection(
+            self._connect, self._prepare, pymysql.Error,
+            lambda: Connections(self._connect, max_size=self.pool_max))
 
     def _prepare(self, conn: Connection) -> None:
         """The queries for this server's dialect, and the schema (made or checked) once."""

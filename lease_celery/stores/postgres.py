@@ -134,24 +134,14 @@ class PostgresStore(ServerStore[psycopg.Connection[Any], Connections]):
 
     def _open_connections(self) -> Connections:
         """This process's connections, the schema made (or checked) on the first one."""
-        # Connect once directly first: a bad host, port, password or database fails here
-        # with libpq's own message; the schema is made (or checked) once.
-        try:
-            conn = psycopg.connect(self._conninfo, autocommit=True)
-        except psycopg.Error as exc:
-            raise self._error(exc) from exc
-        try:
+        def make_schema(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
                 create_schema(conn, self._q, self.schema,
                               f"postgres lease store at {self._where}")
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, psycopg.Error):
-                raise self._error(exc) from exc
-            raise
-        connections = Connections(self._conninfo, max_size=self.pool_max)
-        connections.adopt(conn)  # the first statement needs no second connect
-        return connections
+
+        return self._first_connection(
+            lambda: psycopg.connect(self._conninfo, autocommit=True), make_schema, psycopg.Error,
+            lambda: Connections(self._conninfo, max_size=self.pool_max))
 
     def _run(self, operation: Callable[[psycopg.Connection[Any]], _T], *,
              if_resent: Callable[[_T], _T] | None = None,

@@ -57,6 +57,28 @@ class ServerStore(Store, Generic[_C, _L]):
         self._connections: PerProcess[_L] = PerProcess()
         self._lock = threading.Lock()
 
+    def _first_connection(self, connect: Callable[[], _C], prepare: Callable[[_C], None],
+                          driver_error: type[BaseException], connections: Callable[[], _L]
+                          ) -> _L:
+        """This process's connections, opened by connecting once directly first: a bad host,
+        password or database fails here with the server's own message (``driver_error`` as
+        the store's ``StoreError``), and the schema is made (or checked, ``prepare``) once, on
+        that connection, which the new list (``connections()``) then keeps."""
+        try:
+            conn = connect()
+        except driver_error as exc:
+            raise self._error(exc) from exc
+        try:
+            prepare(conn)
+        except BaseException as exc:
+            conn.close()  # type: ignore[attr-defined]  # every driver's connection has it
+            if isinstance(exc, driver_error):
+                raise self._error(exc) from exc
+            raise
+        opened = connections()
+        opened.adopt(conn)  # the first statement needs no second connect
+        return opened
+
     # -- hooks of each store ----------------------------------------------------------------
 
     @abc.abstractmethod
